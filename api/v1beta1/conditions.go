@@ -1,0 +1,29 @@
+package v1beta1
+
+// Condition types of Module.status.conditions. Each is True when what its name says holds.
+const (
+	// ConditionReady is True when the module is loaded (with the spec config) on every node that
+	// needs it and no pair is failing.
+	ConditionReady = "Ready"
+	// ConditionProgressing is True while at least one pair is loading, unloading or upgrading.
+	ConditionProgressing = "Progressing"
+	// ConditionDegraded is True when the Module is invalid, a node has no matching kernel mapping, or
+	// a worker keeps failing; its reason says which.
+	ConditionDegraded = "Degraded"
+)
+
+// Reasons of Module conditions.
+const (
+	// ReasonAllLoaded: every selected node has the module loaded.
+	ReasonAllLoaded = "AllLoaded"
+	// ReasonInProgress: some pairs are still converging.
+	ReasonInProgress = "InProgress"
+	// ReasonInvalidSpec: the Module fails validation (it got past admission); nothing is done for it.
+	ReasonInvalidSpec = "InvalidSpec"
+	// ReasonNoKernelMapping: a selected node runs a kernel that no kernel mapping matches.
+	ReasonNoKernelMapping = "NoKernelMapping"
+	// ReasonWorkerFailing: a worker pod failed on at least one node and is being retried.
+	ReasonWorkerFailing = "WorkerFailing"
+	// ReasonAsExpected: nothing is wrong.
+	ReasonAsExpected = "AsExpected"
+)

@@ -1,0 +1,23 @@
+// Package v1beta1 holds the kmm.sigs.x-k8s.io/v1beta1 API: the user-facing Module, compatible with
+// the upstream Kernel Module Management operator, and the operator-internal NodeModulesConfig that
+// records, per node, what should be loaded (spec) and what is true (status, with the state machine).
+//
+// +kubebuilder:object:generate=true
+// +groupName=kmm.sigs.x-k8s.io
+package v1beta1
+
+import (
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/scheme"
+)
+
+var (
+	// GroupVersion is the group and version of every kind in this package.
+	GroupVersion = schema.GroupVersion{Group: "kmm.sigs.x-k8s.io", Version: "v1beta1"}
+
+	// SchemeBuilder registers the kinds of this package with a runtime.Scheme.
+	SchemeBuilder = &scheme.Builder{GroupVersion: GroupVersion}
+
+	// AddToScheme adds the kinds of this package to a runtime.Scheme.
+	AddToScheme = SchemeBuilder.AddToScheme
+)

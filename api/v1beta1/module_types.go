@@ -1,0 +1,418 @@
+package v1beta1
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+// Field names and JSON tags of Module follow the upstream Kernel Module Management v1beta1 Module, so
+// that an upstream manifest applies unchanged. Upstream fields that kmm does not implement are declared
+// as Unsupported so that the API server rejects them with a message instead of pruning them silently.
+
+// Unsupported is the schema of an upstream field that kmm does not implement. Any value is rejected at
+// admission by the CEL rule on the field, with a message naming the feature.
+type Unsupported = apiextensionsv1.JSON
+
+// TLSOptions says how to reach an image registry.
+type TLSOptions struct {
+	// Insecure allows pulling over plain HTTP.
+	// +optional
+	Insecure bool `json:"insecure,omitempty"`
+
+	// InsecureSkipTLSVerify accepts any certificate the registry presents.
+	// +optional
+	InsecureSkipTLSVerify bool `json:"insecureSkipTLSVerify,omitempty"`
+}
+
+// KernelMapping pairs node kernels with a kmod image. Exactly one of Literal, Regexp and VersionRange
+// selects the kernels; mappings are tried in order and the first match wins.
+//
+// +kubebuilder:validation:XValidation:rule="(has(self.literal) && size(self.literal) > 0 ? 1 : 0) + (has(self.regexp) && size(self.regexp) > 0 ? 1 : 0) + (has(self.versionRange) && size(self.versionRange) > 0 ? 1 : 0) == 1",message="exactly one of literal, regexp or versionRange must be set"
+type KernelMapping struct {
+	// Build is upstream's in-cluster build; kmm does not build images.
+	// +kubebuilder:validation:Type=object
+	// +kubebuilder:pruning:PreserveUnknownFields
+	// +kubebuilder:validation:XValidation:rule="false",message="in-cluster build is not supported by kmm: build the kmod image outside the cluster and set containerImage"
+	// +optional
+	Build *Unsupported `json:"build,omitempty"`
+
+	// Sign is upstream's in-cluster module signing; kmm does not sign modules.
+	// +kubebuilder:validation:Type=object
+	// +kubebuilder:pruning:PreserveUnknownFields
+	// +kubebuilder:validation:XValidation:rule="false",message="in-cluster signing is not supported by kmm: sign the modules before building the kmod image"
+	// +optional
+	Sign *Unsupported `json:"sign,omitempty"`
+
+	// ContainerImage is the kmod image for the kernels this mapping matches. It overrides the
+	// container's default and may use the same $KERNEL_* and $MOD_* variables.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	ContainerImage string `json:"containerImage,omitempty"`
+
+	// Literal matches one kernel version exactly.
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	Literal string `json:"literal,omitempty"`
+
+	// Regexp is a Go regular expression matched against the node's kernel version.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Regexp string `json:"regexp,omitempty"`
+
+	// VersionRange (a kmm extension) matches kernels by version, e.g. ">=5.14.0 <6.0"; components
+	// compare numerically and the distribution suffix is handled as docs/api.md describes.
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	VersionRange string `json:"versionRange,omitempty"`
+
+	// RegistryTLS overrides the container's registry TLS settings for this mapping.
+	// +optional
+	RegistryTLS *TLSOptions `json:"registryTLS,omitempty"`
+
+	// InTreeModuleToRemove is upstream's deprecated single-module form of InTreeModulesToRemove.
+	// +optional
+	InTreeModuleToRemove string `json:"inTreeModuleToRemove,omitempty"`
+
+	// InTreeModulesToRemove are in-tree modules removed (if loaded) before this mapping's module loads.
+	// +optional
+	// +listType=set
+	InTreeModulesToRemove []string `json:"inTreeModulesToRemove,omitempty"`
+}
+
+// ModprobeArgs are extra modprobe arguments for loading and unloading.
+type ModprobeArgs struct {
+	// Load are the arguments used when loading.
+	// +kubebuilder:validation:MinItems=1
+	// +optional
+	Load []string `json:"load,omitempty"`
+
+	// Unload are the arguments used when unloading.
+	// +kubebuilder:validation:MinItems=1
+	// +optional
+	Unload []string `json:"unload,omitempty"`
+}
+
+// ModprobeSpec says which module modprobe loads and how. Its cross-field rules sit on
+// ModuleLoaderContainerSpec, so that the internal NodeModulesConfig can reuse the type without them.
+type ModprobeSpec struct {
+	// ModuleName is the kernel module to load.
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	ModuleName string `json:"moduleName,omitempty"`
+
+	// Parameters are key=value module parameters appended to the load command.
+	// +optional
+	Parameters []string `json:"parameters,omitempty"`
+
+	// DirName is the directory inside the kmod image that holds lib/modules (modprobe -d).
+	// +kubebuilder:default=/opt
+	// +optional
+	DirName string `json:"dirName,omitempty"`
+
+	// Args are passed to modprobe before the module name.
+	// +optional
+	Args *ModprobeArgs `json:"args,omitempty"`
+
+	// RawArgs, when set, are passed to modprobe as they are; the other fields are ignored for the command.
+	// +optional
+	RawArgs *ModprobeArgs `json:"rawArgs,omitempty"`
+
+	// FirmwarePath is the directory inside the kmod image whose files are copied to the host's firmware
+	// lookup path. Setting it makes the worker pod privileged.
+	// +optional
+	FirmwarePath string `json:"firmwarePath,omitempty"`
+
+	// ModulesLoadingOrder lists modules that depend on each other without depmod knowing: the first
+	// entry is ModuleName, each next one is loaded before the previous one, and unloading removes them all.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=64
+	ModulesLoadingOrder []string `json:"modulesLoadingOrder,omitempty"`
+}
+
+// ModuleLoaderContainerSpec says which image to load on which kernel and how.
+//
+// +kubebuilder:validation:XValidation:rule="(has(self.modprobe.moduleName) && size(self.modprobe.moduleName) > 0) || has(self.modprobe.rawArgs)",message="moduleName is required unless rawArgs is set",fieldPath=".modprobe.moduleName"
+// +kubebuilder:validation:XValidation:rule="!has(self.modprobe.modulesLoadingOrder) || size(self.modprobe.modulesLoadingOrder) == 0 || (has(self.modprobe.moduleName) && self.modprobe.modulesLoadingOrder[0] == self.modprobe.moduleName)",message="the first entry of modulesLoadingOrder must equal moduleName",fieldPath=".modprobe.modulesLoadingOrder"
+// +kubebuilder:validation:XValidation:rule="(has(self.containerImage) && size(self.containerImage) > 0) || self.kernelMappings.all(m, has(m.containerImage) && size(m.containerImage) > 0)",message="every kernelMapping needs a containerImage when container.containerImage is not set"
+// +kubebuilder:validation:XValidation:rule="(has(oldSelf.version) && size(oldSelf.version) > 0) == (has(self.version) && size(self.version) > 0)",message="version cannot be added to or removed from an existing Module: delete and recreate the Module"
+type ModuleLoaderContainerSpec struct {
+	// Build is upstream's in-cluster build; kmm does not build images.
+	// +kubebuilder:validation:Type=object
+	// +kubebuilder:pruning:PreserveUnknownFields
+	// +kubebuilder:validation:XValidation:rule="false",message="in-cluster build is not supported by kmm: build the kmod image outside the cluster and set containerImage"
+	// +optional
+	Build *Unsupported `json:"build,omitempty"`
+
+	// Sign is upstream's in-cluster module signing; kmm does not sign modules.
+	// +kubebuilder:validation:Type=object
+	// +kubebuilder:pruning:PreserveUnknownFields
+	// +kubebuilder:validation:XValidation:rule="false",message="in-cluster signing is not supported by kmm: sign the modules before building the kmod image"
+	// +optional
+	Sign *Unsupported `json:"sign,omitempty"`
+
+	// Version is the version of the module for ordered upgrades (see docs/api.md). Once set it cannot
+	// be removed, and it cannot be added to a Module created without it.
+	// +kubebuilder:validation:MaxLength=63
+	// +optional
+	Version string `json:"version,omitempty"`
+
+	// ContainerImage is the default kmod image. It may use $KERNEL_FULL_VERSION, $KERNEL_VERSION,
+	// $KERNEL_XYZ, $KERNEL_X, $KERNEL_Y, $KERNEL_Z, $MOD_NAME and $MOD_NAMESPACE.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	ContainerImage string `json:"containerImage,omitempty"`
+
+	// ImagePullPolicy of the kmod image: Always pulls even when the digest-keyed cache has a copy.
+	// +kubebuilder:validation:Enum=Always;IfNotPresent;Never
+	// +optional
+	ImagePullPolicy corev1.PullPolicy `json:"imagePullPolicy,omitempty"`
+
+	// KernelMappings are tried in order against the node's kernel version; the first match wins.
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=256
+	KernelMappings []KernelMapping `json:"kernelMappings"`
+
+	// Modprobe says which module to load and how.
+	Modprobe ModprobeSpec `json:"modprobe"`
+
+	// RegistryTLS says how to reach the kmod image registry.
+	// +optional
+	RegistryTLS TLSOptions `json:"registryTLS,omitempty"`
+
+	// InTreeModuleToRemove is upstream's deprecated single-module form of InTreeModulesToRemove.
+	// +optional
+	InTreeModuleToRemove string `json:"inTreeModuleToRemove,omitempty"`
+
+	// InTreeModulesToRemove are in-tree modules removed (if loaded) before the module loads.
+	// +optional
+	// +listType=set
+	InTreeModulesToRemove []string `json:"inTreeModulesToRemove,omitempty"`
+}
+
+// ModuleLoaderSpec configures the worker pods that load and unload the module.
+type ModuleLoaderSpec struct {
+	// Container holds what the worker needs to load the module.
+	Container ModuleLoaderContainerSpec `json:"container"`
+
+	// ServiceAccountName of the worker pods. The worker needs no API access; its token is never mounted.
+	// +optional
+	ServiceAccountName string `json:"serviceAccountName,omitempty"`
+}
+
+// DevicePluginContainerSpec is the device plugin container.
+type DevicePluginContainerSpec struct {
+	// Command overrides the image's entrypoint.
+	// +optional
+	Command []string `json:"command,omitempty"`
+
+	// Args overrides the image's command.
+	// +optional
+	Args []string `json:"args,omitempty"`
+
+	// Env are environment variables of the container.
+	// +optional
+	Env []corev1.EnvVar `json:"env,omitempty"`
+
+	// Image of the device plugin.
+	// +kubebuilder:validation:MinLength=1
+	Image string `json:"image"`
+
+	// ImagePullPolicy of the device plugin image.
+	// +kubebuilder:validation:Enum=Always;IfNotPresent;Never
+	// +optional
+	ImagePullPolicy corev1.PullPolicy `json:"imagePullPolicy,omitempty"`
+
+	// Resources of the container.
+	// +optional
+	Resources corev1.ResourceRequirements `json:"resources,omitempty"`
+
+	// VolumeMounts are added to the default ones.
+	// +optional
+	VolumeMounts []corev1.VolumeMount `json:"volumeMounts,omitempty"`
+
+	// StartupProbe of the container.
+	// +optional
+	StartupProbe *corev1.Probe `json:"startupProbe,omitempty"`
+
+	// LivenessProbe of the container.
+	// +optional
+	LivenessProbe *corev1.Probe `json:"livenessProbe,omitempty"`
+}
+
+// DevicePluginSpec is the device plugin that kmm runs as a DaemonSet on nodes where the module is loaded.
+type DevicePluginSpec struct {
+	// Container is the device plugin container.
+	Container DevicePluginContainerSpec `json:"container"`
+
+	// InitContainer runs before the device plugin container.
+	// +optional
+	InitContainer *DevicePluginContainerSpec `json:"initContainer,omitempty"`
+
+	// ServiceAccountName of the device plugin pods.
+	// +optional
+	ServiceAccountName string `json:"serviceAccountName,omitempty"`
+
+	// Volumes of the device plugin pods.
+	// +optional
+	Volumes []corev1.Volume `json:"volumes,omitempty"`
+
+	// AutomountServiceAccountToken set to false keeps the service account token out of the pods.
+	// +optional
+	AutomountServiceAccountToken *bool `json:"automountServiceAccountToken,omitempty"`
+}
+
+// DrainSpec (a kmm extension) drains the workloads that use the module from a node before the module
+// is unloaded for an upgrade, escalating as the timeouts pass (see docs/api.md).
+type DrainSpec struct {
+	// PodSelector selects the workload pods to drain.
+	// +optional
+	PodSelector *metav1.LabelSelector `json:"podSelector,omitempty"`
+
+	// TimeoutSeconds after the drain started, remaining pods not covered by a PodDisruptionBudget are
+	// deleted and finalizers of stuck pods are removed.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:default=300
+	// +optional
+	TimeoutSeconds int32 `json:"timeoutSeconds,omitempty"`
+
+	// PDBForceDrainTimeoutSeconds after the drain started, pods protected by a PodDisruptionBudget
+	// are deleted too.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:default=900
+	// +optional
+	PDBForceDrainTimeoutSeconds int32 `json:"pdbForceDrainTimeoutSeconds,omitempty"`
+
+	// IgnoredNamespacePatterns are Go regular expressions; pods in matching namespaces are never
+	// subject to the escalating strategies.
+	// +optional
+	IgnoredNamespacePatterns []string `json:"ignoredNamespacePatterns,omitempty"`
+
+	// DisableDrainStrategies keeps to eviction only: nothing is force-deleted.
+	// +optional
+	DisableDrainStrategies bool `json:"disableDrainStrategies,omitempty"`
+}
+
+// UpgradePolicy (a kmm extension) says how a version change of the Module rolls out. Absent means
+// manual, as upstream: the administrator moves the version-module label node by node.
+type UpgradePolicy struct {
+	// Automatic lets the operator move the version-module label itself, node by node.
+	// +optional
+	Automatic bool `json:"automatic,omitempty"`
+
+	// MaxUnavailable is how many nodes (a number, or a percentage of the selected nodes) may be
+	// upgrading at once; nodes already cordoned or NotReady count against it.
+	// +kubebuilder:validation:XIntOrString
+	// +optional
+	MaxUnavailable *intstr.IntOrString `json:"maxUnavailable,omitempty"`
+
+	// Drain drains the workloads that use the module before each unload.
+	// +optional
+	Drain *DrainSpec `json:"drain,omitempty"`
+}
+
+// ModuleSpec says which kmod to load on which nodes.
+type ModuleSpec struct {
+	// DevicePlugin, when set, runs on every node where the module is loaded.
+	// +optional
+	DevicePlugin *DevicePluginSpec `json:"devicePlugin,omitempty"`
+
+	// DRA is upstream's Dynamic Resource Allocation driver; kmm does not implement it.
+	// +kubebuilder:validation:Type=object
+	// +kubebuilder:pruning:PreserveUnknownFields
+	// +kubebuilder:validation:XValidation:rule="false",message="dra is not supported by kmm: use devicePlugin"
+	// +optional
+	DRA *Unsupported `json:"dra,omitempty"`
+
+	// ModuleLoader says how to load the module.
+	ModuleLoader ModuleLoaderSpec `json:"moduleLoader"`
+
+	// ImageRepoSecret is a docker-config Secret in the Module's namespace used to pull the kmod and
+	// device plugin images.
+	// +optional
+	ImageRepoSecret *corev1.LocalObjectReference `json:"imageRepoSecret,omitempty"`
+
+	// Selector selects the nodes that need the module. It must not be empty.
+	// +kubebuilder:validation:XValidation:rule="size(self) > 0",message="selector must not be empty: name the node labels of the nodes that need the module"
+	Selector map[string]string `json:"selector"`
+
+	// Tolerations of the worker and device plugin pods.
+	// +optional
+	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
+
+	// ImageRebuildTriggerGeneration is upstream's trigger for in-cluster rebuilds; kmm does not build.
+	// +kubebuilder:validation:XValidation:rule="false",message="imageRebuildTriggerGeneration is not supported by kmm: it does not build images in-cluster"
+	// +optional
+	ImageRebuildTriggerGeneration *int64 `json:"imageRebuildTriggerGeneration,omitempty"`
+
+	// UpgradePolicy (a kmm extension) says how version changes roll out. Absent means manual.
+	// +optional
+	UpgradePolicy *UpgradePolicy `json:"upgradePolicy,omitempty"`
+}
+
+// DaemonSetStatus counts nodes, as upstream reports them.
+type DaemonSetStatus struct {
+	// NodesMatchingSelectorNumber is the number of nodes the selector matches.
+	NodesMatchingSelectorNumber int32 `json:"nodesMatchingSelectorNumber,omitempty"`
+	// DesiredNumber is the number of nodes that should run the module (or device plugin).
+	DesiredNumber int32 `json:"desiredNumber,omitempty"`
+	// AvailableNumber is the number of nodes where it is loaded (or running).
+	AvailableNumber int32 `json:"availableNumber,omitempty"`
+}
+
+// ModuleStatus is what the operator observed about a Module across nodes.
+type ModuleStatus struct {
+	// ModuleLoader counts nodes for the module itself.
+	// +optional
+	ModuleLoader DaemonSetStatus `json:"moduleLoader,omitempty"`
+
+	// DevicePlugin counts nodes for the device plugin.
+	// +optional
+	DevicePlugin DaemonSetStatus `json:"devicePlugin,omitempty"`
+
+	// NodesByState counts the selected nodes per state of the (node, module) state machine.
+	// +optional
+	NodesByState map[ModuleState]int32 `json:"nodesByState,omitempty"`
+
+	// ObservedGeneration is the generation the status was computed from.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// Conditions are Ready, Progressing and Degraded (see docs/api.md for their reasons).
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// Module is a kernel module that should be loaded on the nodes its selector matches.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Namespaced
+// +kubebuilder:subresource:status
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Desired",type=integer,JSONPath=`.status.moduleLoader.desiredNumber`
+// +kubebuilder:printcolumn:name="Loaded",type=integer,JSONPath=`.status.moduleLoader.availableNumber`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type Module struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   ModuleSpec   `json:"spec,omitempty"`
+	Status ModuleStatus `json:"status,omitempty"`
+}
+
+// ModuleList is a list of Modules.
+//
+// +kubebuilder:object:root=true
+type ModuleList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []Module `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&Module{}, &ModuleList{})
+}

@@ -1,0 +1,226 @@
+package v1beta1
+
+import (
+	"fmt"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/kmm-project/kmm/internal/kernel"
+)
+
+// MaxVersionedNameLength is the longest namespace+name of a Module with a version: its name ends up in
+// node label keys such as kmm.node.kubernetes.io/version-module.<namespace>.<name>, whose name part is
+// at most 63 characters.
+const MaxVersionedNameLength = 39
+
+// sampleKernel is the kernel used to check that image references with variables parse.
+var sampleKernel = kernel.Version{Full: "5.14.0-1.el9.x86_64", Release: []int{5, 14, 0}, Build: 1, HasBuild: true}
+
+// Validate checks every rule of a Module that admission enforces, whether the CRD schema or the
+// validating webhook enforces it, so that controllers can re-check an object that got in anyway.
+func (m *Module) Validate() field.ErrorList {
+	spec := field.NewPath("spec")
+	errs := m.validateUnsupported(spec)
+	if len(m.Spec.Selector) == 0 {
+		errs = append(errs, field.Required(spec.Child("selector"), "selector must not be empty: name the node labels of the nodes that need the module"))
+	}
+	container := spec.Child("moduleLoader", "container")
+	c := &m.Spec.ModuleLoader.Container
+	if c.Version != "" && len(m.Namespace)+len(m.Name) > MaxVersionedNameLength {
+		errs = append(errs, field.Invalid(field.NewPath("metadata", "name"), m.Name, fmt.Sprintf(
+			"with %s set, len(namespace)+len(name) must be at most %d because both go into node label keys; it is %d",
+			container.Child("version"), MaxVersionedNameLength, len(m.Namespace)+len(m.Name))))
+	}
+	if c.ContainerImage != "" {
+		errs = append(errs, m.validateImage(container.Child("containerImage"), c.ContainerImage)...)
+	}
+	errs = append(errs, validatePullPolicy(container.Child("imagePullPolicy"), c.ImagePullPolicy)...)
+	errs = append(errs, m.validateKernelMappings(container.Child("kernelMappings"), c)...)
+	errs = append(errs, validateModprobe(container.Child("modprobe"), &c.Modprobe)...)
+	errs = append(errs, m.validateDevicePlugin(spec.Child("devicePlugin"))...)
+	errs = append(errs, validateUpgradePolicy(spec.Child("upgradePolicy"), m.Spec.UpgradePolicy)...)
+	return errs
+}
+
+// ValidateUpdate checks the rules that compare a Module with its previous revision.
+func (m *Module) ValidateUpdate(old *Module) field.ErrorList {
+	errs := m.Validate()
+	oldVersion, newVersion := old.Spec.ModuleLoader.Container.Version, m.Spec.ModuleLoader.Container.Version
+	if (oldVersion == "") != (newVersion == "") {
+		errs = append(errs, field.Invalid(field.NewPath("spec", "moduleLoader", "container", "version"), newVersion,
+			"version cannot be added to or removed from an existing Module: delete and recreate the Module"))
+	}
+	return errs
+}
+
+func (m *Module) validateUnsupported(spec *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	unsupported := func(p *field.Path, set bool, what string) {
+		if set {
+			errs = append(errs, field.Forbidden(p, what+" is not supported by kmm"))
+		}
+	}
+	c := &m.Spec.ModuleLoader.Container
+	container := spec.Child("moduleLoader", "container")
+	unsupported(spec.Child("dra"), m.Spec.DRA != nil, "dra")
+	unsupported(spec.Child("imageRebuildTriggerGeneration"), m.Spec.ImageRebuildTriggerGeneration != nil, "imageRebuildTriggerGeneration")
+	unsupported(container.Child("build"), c.Build != nil, "in-cluster build")
+	unsupported(container.Child("sign"), c.Sign != nil, "in-cluster signing")
+	for i := range c.KernelMappings {
+		km := &c.KernelMappings[i]
+		unsupported(container.Child("kernelMappings").Index(i).Child("build"), km.Build != nil, "in-cluster build")
+		unsupported(container.Child("kernelMappings").Index(i).Child("sign"), km.Sign != nil, "in-cluster signing")
+	}
+	return errs
+}
+
+func (m *Module) validateKernelMappings(p *field.Path, c *ModuleLoaderContainerSpec) field.ErrorList {
+	var errs field.ErrorList
+	if len(c.KernelMappings) == 0 {
+		errs = append(errs, field.Required(p, "at least one kernel mapping is required"))
+	}
+	for i := range c.KernelMappings {
+		errs = append(errs, m.validateKernelMapping(p.Index(i), &c.KernelMappings[i], c.ContainerImage)...)
+	}
+	return errs
+}
+
+func (m *Module) validateKernelMapping(p *field.Path, km *KernelMapping, defaultImage string) field.ErrorList {
+	var errs field.ErrorList
+	set := 0
+	for _, s := range []string{km.Literal, km.Regexp, km.VersionRange} {
+		if s != "" {
+			set++
+		}
+	}
+	if set != 1 {
+		errs = append(errs, field.Invalid(p, fmt.Sprintf("%d matchers set", set), "exactly one of literal, regexp or versionRange must be set"))
+	}
+	if km.Regexp != "" {
+		if _, err := regexp.Compile(km.Regexp); err != nil {
+			errs = append(errs, field.Invalid(p.Child("regexp"), km.Regexp, "not a valid Go regular expression: "+err.Error()))
+		}
+	}
+	if km.VersionRange != "" {
+		if _, err := kernel.ParseRange(km.VersionRange); err != nil {
+			errs = append(errs, field.Invalid(p.Child("versionRange"), km.VersionRange, "not a valid version range: "+err.Error()))
+		}
+	}
+	switch {
+	case km.ContainerImage != "":
+		errs = append(errs, m.validateImage(p.Child("containerImage"), km.ContainerImage)...)
+	case defaultImage == "":
+		errs = append(errs, field.Required(p.Child("containerImage"), "every kernelMapping needs a containerImage when container.containerImage is not set"))
+	}
+	return errs
+}
+
+// validateImage checks that an image reference, with its variables substituted, parses and names a
+// tag or a digest.
+func (m *Module) validateImage(p *field.Path, image string) field.ErrorList {
+	expanded, err := kernel.ExpandImage(image, sampleKernel, m.Name, m.Namespace)
+	if err != nil {
+		return field.ErrorList{field.Invalid(p, image, err.Error())}
+	}
+	return validateImageReference(p, image, expanded)
+}
+
+func validateImageReference(p *field.Path, image, expanded string) field.ErrorList {
+	if _, err := name.ParseReference(expanded, name.WeakValidation); err != nil {
+		return field.ErrorList{field.Invalid(p, image, "not a valid image reference: "+err.Error())}
+	}
+	if !hasTagOrDigest(expanded) {
+		return field.ErrorList{field.Invalid(p, image, "the image reference must carry a tag or a digest (e.g. registry/repo:tag or registry/repo@sha256:...)")}
+	}
+	return nil
+}
+
+// hasTagOrDigest says whether a reference names its tag or digest instead of defaulting to "latest".
+func hasTagOrDigest(ref string) bool {
+	if strings.Contains(ref, "@") {
+		return true
+	}
+	lastComponent := ref[strings.LastIndex(ref, "/")+1:]
+	return strings.Contains(lastComponent, ":")
+}
+
+var pullPolicies = []string{string(corev1.PullAlways), string(corev1.PullIfNotPresent), string(corev1.PullNever)}
+
+func validatePullPolicy(p *field.Path, policy corev1.PullPolicy) field.ErrorList {
+	if policy == "" || slices.Contains(pullPolicies, string(policy)) {
+		return nil
+	}
+	return field.ErrorList{field.NotSupported(p, policy, pullPolicies)}
+}
+
+func validateModprobe(p *field.Path, mp *ModprobeSpec) field.ErrorList {
+	var errs field.ErrorList
+	if mp.ModuleName == "" && mp.RawArgs == nil {
+		errs = append(errs, field.Required(p.Child("moduleName"), "moduleName is required unless rawArgs is set"))
+	}
+	order := mp.ModulesLoadingOrder
+	if len(order) > 0 && order[0] != mp.ModuleName {
+		errs = append(errs, field.Invalid(p.Child("modulesLoadingOrder").Index(0), order[0], "the first entry of modulesLoadingOrder must equal moduleName"))
+	}
+	seen := make(map[string]bool, len(order))
+	for i, mod := range order {
+		if seen[mod] {
+			errs = append(errs, field.Duplicate(p.Child("modulesLoadingOrder").Index(i), mod))
+		}
+		seen[mod] = true
+	}
+	return errs
+}
+
+func (m *Module) validateDevicePlugin(p *field.Path) field.ErrorList {
+	dp := m.Spec.DevicePlugin
+	if dp == nil {
+		return nil
+	}
+	errs := validateImageReference(p.Child("container", "image"), dp.Container.Image, dp.Container.Image)
+	if dp.InitContainer != nil {
+		errs = append(errs, validateImageReference(p.Child("initContainer", "image"), dp.InitContainer.Image, dp.InitContainer.Image)...)
+	}
+	return errs
+}
+
+func validateUpgradePolicy(p *field.Path, up *UpgradePolicy) field.ErrorList {
+	if up == nil {
+		return nil
+	}
+	var errs field.ErrorList
+	if mu := up.MaxUnavailable; mu != nil {
+		if err := validateIntOrPercent(mu.String()); err != nil {
+			errs = append(errs, field.Invalid(p.Child("maxUnavailable"), mu.String(), err.Error()))
+		}
+	}
+	if up.Drain != nil {
+		for i, pattern := range up.Drain.IgnoredNamespacePatterns {
+			if _, err := regexp.Compile(pattern); err != nil {
+				errs = append(errs, field.Invalid(p.Child("drain", "ignoredNamespacePatterns").Index(i), pattern, "not a valid Go regular expression: "+err.Error()))
+			}
+		}
+	}
+	return errs
+}
+
+// validateIntOrPercent accepts a non-negative integer or a percentage from 0% to 100%.
+func validateIntOrPercent(s string) error {
+	if pct, ok := strings.CutSuffix(s, "%"); ok {
+		n, err := strconv.Atoi(pct)
+		if err != nil || n < 0 || n > 100 {
+			return fmt.Errorf("must be a whole percentage from 0%% to 100%%")
+		}
+		return nil
+	}
+	if n, err := strconv.Atoi(s); err != nil || n < 0 {
+		return fmt.Errorf("must be a non-negative integer or a percentage such as 25%%")
+	}
+	return nil
+}

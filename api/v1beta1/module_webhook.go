@@ -1,0 +1,46 @@
+package v1beta1
+
+import (
+	"context"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+)
+
+// +kubebuilder:webhook:path=/validate-kmm-sigs-x-k8s-io-v1beta1-module,mutating=false,failurePolicy=fail,sideEffects=None,groups=kmm.sigs.x-k8s.io,resources=modules,verbs=create;update,versions=v1beta1,name=vmodule.kmm.sigs.x-k8s.io,admissionReviewVersions=v1
+
+// ModuleValidator is the validating admission webhook for Modules: it enforces the rules the CRD
+// schema cannot express (regular expressions compile, image references parse, version ranges parse,
+// label-key length budget).
+type ModuleValidator struct{}
+
+var _ admission.Validator[*Module] = ModuleValidator{}
+
+// SetupModuleWebhookWithManager registers the Module validating webhook with the manager's webhook server.
+func SetupModuleWebhookWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewWebhookManagedBy(mgr, &Module{}).WithValidator(ModuleValidator{}).Complete()
+}
+
+// ValidateCreate rejects an invalid new Module.
+func (ModuleValidator) ValidateCreate(_ context.Context, m *Module) (admission.Warnings, error) {
+	return nil, invalid(m, m.Validate())
+}
+
+// ValidateUpdate rejects an invalid change to a Module.
+func (ModuleValidator) ValidateUpdate(_ context.Context, oldModule, m *Module) (admission.Warnings, error) {
+	return nil, invalid(m, m.ValidateUpdate(oldModule))
+}
+
+// ValidateDelete allows every deletion: unloading is the controllers' job.
+func (ModuleValidator) ValidateDelete(context.Context, *Module) (admission.Warnings, error) {
+	return nil, nil
+}
+
+func invalid(m *Module, errs field.ErrorList) error {
+	if len(errs) == 0 {
+		return nil
+	}
+	return apierrors.NewInvalid(GroupVersion.WithKind("Module").GroupKind(), m.Name, errs)
+}

@@ -1,0 +1,127 @@
+// Package manager wires the kmm operator: the controller-runtime manager with its metrics endpoint,
+// health probes, leader election, API client rate limits and the Module validating webhook. The
+// controllers register here as they are added. cmd/manager parses flags into Options and calls New;
+// tests call New against envtest.
+package manager
+
+import (
+	"flag"
+	"fmt"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
+
+	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+)
+
+// The operator needs these permissions for leader election and Events; controllers declare theirs.
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+
+// LeaderElectionID names the Lease the operator replicas compete for.
+const LeaderElectionID = "kmm-operator.kmm.sigs.x-k8s.io"
+
+// Options are the operator's settings, one flag each.
+type Options struct {
+	MetricsAddr          string
+	ProbeAddr            string
+	LeaderElect          bool
+	LeaderElectNamespace string
+	QPS                  float64
+	Burst                int
+	WebhookHost          string
+	WebhookPort          int
+	WebhookCertDir       string
+	DisableWebhook       bool
+}
+
+// DefaultOptions are the settings the flags start from.
+func DefaultOptions() Options {
+	return Options{
+		MetricsAddr: ":8080",
+		ProbeAddr:   ":8081",
+		QPS:         50,
+		Burst:       100,
+		WebhookPort: 9443,
+	}
+}
+
+// BindFlags registers one flag per option on fs, with o's current values as defaults.
+func (o *Options) BindFlags(fs *flag.FlagSet) {
+	fs.StringVar(&o.MetricsAddr, "metrics-bind-address", o.MetricsAddr, "Address of the Prometheus metrics endpoint; 0 disables it.")
+	fs.StringVar(&o.ProbeAddr, "health-probe-bind-address", o.ProbeAddr, "Address of the /healthz and /readyz endpoints; 0 disables them.")
+	fs.BoolVar(&o.LeaderElect, "leader-elect", o.LeaderElect, "Elect a leader so that only one replica reconciles.")
+	fs.StringVar(&o.LeaderElectNamespace, "leader-elect-namespace", o.LeaderElectNamespace, "Namespace of the leader election Lease (default: the pod's namespace).")
+	fs.Float64Var(&o.QPS, "kube-api-qps", o.QPS, "Sustained requests per second to the API server.")
+	fs.IntVar(&o.Burst, "kube-api-burst", o.Burst, "Burst of requests to the API server above kube-api-qps.")
+	fs.StringVar(&o.WebhookHost, "webhook-host", o.WebhookHost, "Address the admission webhook server listens on (default: all).")
+	fs.IntVar(&o.WebhookPort, "webhook-port", o.WebhookPort, "Port of the admission webhook server.")
+	fs.StringVar(&o.WebhookCertDir, "webhook-cert-dir", o.WebhookCertDir, "Directory holding tls.crt and tls.key for the webhook server.")
+	fs.BoolVar(&o.DisableWebhook, "disable-webhook", o.DisableWebhook, "Do not serve the admission webhook (the CRD schema still validates).")
+}
+
+// Validate reports options that cannot work.
+func (o *Options) Validate() error {
+	if o.QPS <= 0 || o.Burst <= 0 {
+		return fmt.Errorf("kube-api-qps and kube-api-burst must be positive, got %v and %d", o.QPS, o.Burst)
+	}
+	if !o.DisableWebhook && (o.WebhookPort <= 0 || o.WebhookPort > 65535) {
+		return fmt.Errorf("webhook-port must be a TCP port, got %d", o.WebhookPort)
+	}
+	return nil
+}
+
+// NewScheme returns a scheme with the Kubernetes built-in kinds and the kmm kinds.
+func NewScheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(s))
+	utilruntime.Must(kmmv1beta1.AddToScheme(s))
+	return s
+}
+
+// New builds the manager from cfg and o, with the webhook and health checks registered.
+func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = rest.CopyConfig(cfg)
+	cfg.QPS, cfg.Burst = float32(o.QPS), o.Burst
+
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                  NewScheme(),
+		Metrics:                 metricsserver.Options{BindAddress: o.MetricsAddr},
+		HealthProbeBindAddress:  o.ProbeAddr,
+		LeaderElection:          o.LeaderElect,
+		LeaderElectionID:        LeaderElectionID,
+		LeaderElectionNamespace: o.LeaderElectNamespace,
+		WebhookServer: webhook.NewServer(webhook.Options{
+			Host:    o.WebhookHost,
+			Port:    o.WebhookPort,
+			CertDir: o.WebhookCertDir,
+		}),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("creating the manager: %w", err)
+	}
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		return nil, fmt.Errorf("adding the health check: %w", err)
+	}
+	readyCheck := healthz.Ping
+	if !o.DisableWebhook {
+		if err := kmmv1beta1.SetupModuleWebhookWithManager(mgr); err != nil {
+			return nil, fmt.Errorf("registering the Module webhook: %w", err)
+		}
+		readyCheck = mgr.GetWebhookServer().StartedChecker()
+	}
+	if err := mgr.AddReadyzCheck("readyz", readyCheck); err != nil {
+		return nil, fmt.Errorf("adding the readiness check: %w", err)
+	}
+	return mgr, nil
+}

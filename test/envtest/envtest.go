@@ -1,0 +1,93 @@
+// Package envtest starts a real kube-apiserver and etcd (built into bin/ by `make tools`) with the kmm
+// CRDs and webhook configuration installed, for integration tests. Start it once per test package
+// from TestMain.
+package envtest
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+)
+
+// Env is a running control plane.
+type Env struct {
+	// Config reaches the API server as an administrator.
+	Config *rest.Config
+	// WebhookHost, WebhookPort and WebhookCertDir are where the API server expects the kmm webhook.
+	WebhookHost    string
+	WebhookPort    int
+	WebhookCertDir string
+
+	env *envtest.Environment
+}
+
+// Start starts etcd and kube-apiserver and installs config/crd and config/webhook.
+func Start() (*Env, error) {
+	root, err := RepoRoot()
+	if err != nil {
+		return nil, err
+	}
+	assets, err := AssetsDir(root)
+	if err != nil {
+		return nil, err
+	}
+	te := &envtest.Environment{
+		BinaryAssetsDirectory: assets,
+		CRDDirectoryPaths:     []string{filepath.Join(root, "config", "crd", "bases")},
+		ErrorIfCRDPathMissing: true,
+		WebhookInstallOptions: envtest.WebhookInstallOptions{
+			Paths:            []string{filepath.Join(root, "config", "webhook")},
+			LocalServingHost: "127.0.0.1",
+		},
+	}
+	cfg, err := te.Start()
+	if err != nil {
+		return nil, fmt.Errorf("starting kube-apiserver and etcd from %s: %w", assets, err)
+	}
+	w := te.WebhookInstallOptions
+	return &Env{Config: cfg, WebhookHost: w.LocalServingHost, WebhookPort: w.LocalServingPort, WebhookCertDir: w.LocalServingCertDir, env: te}, nil
+}
+
+// Stop stops the control plane and removes its temporary files.
+func (e *Env) Stop() error {
+	return e.env.Stop()
+}
+
+// AssetsDir returns the directory holding etcd and kube-apiserver: $KUBEBUILDER_ASSETS when set,
+// else the repository's bin/. It fails, naming the make target to run, when they are missing.
+func AssetsDir(root string) (string, error) {
+	dir := os.Getenv("KUBEBUILDER_ASSETS")
+	if dir == "" {
+		dir = filepath.Join(root, "bin")
+	}
+	for _, b := range []string{"etcd", "kube-apiserver"} {
+		if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
+			return "", fmt.Errorf("%s not found in %s: run `make tools` in %s to build the local control plane", b, dir, root)
+		}
+	}
+	return dir, nil
+}
+
+// RepoRoot returns the directory of the kmm go.mod, searching upwards from the working directory.
+func RepoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "config", "crd")); err == nil {
+			if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+				return dir, nil
+			}
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("cannot find the kmm repository root (a directory with go.mod and config/crd) above the working directory")
+		}
+		dir = parent
+	}
+}
