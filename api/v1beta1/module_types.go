@@ -412,7 +412,3 @@ type ModuleList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []Module `json:"items"`
 }
-
-func init() {
-	SchemeBuilder.Register(&Module{}, &ModuleList{})
-}

@@ -206,7 +206,3 @@ type NodeModulesConfigList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []NodeModulesConfig `json:"items"`
 }
-
-func init() {
-	SchemeBuilder.Register(&NodeModulesConfig{}, &NodeModulesConfigList{})
-}

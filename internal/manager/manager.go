@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	kmmwebhook "github.com/kmm-project/kmm/internal/webhook"
 )
 
 // The operator needs these permissions for leader election and Events; controllers declare theirs.
@@ -115,7 +116,7 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 	}
 	readyCheck := healthz.Ping
 	if !o.DisableWebhook {
-		if err := kmmv1beta1.SetupModuleWebhookWithManager(mgr); err != nil {
+		if err := kmmwebhook.SetupModuleWebhook(mgr); err != nil {
 			return nil, fmt.Errorf("registering the Module webhook: %w", err)
 		}
 		readyCheck = mgr.GetWebhookServer().StartedChecker()

@@ -1,0 +1,228 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"github.com/kmm-project/kmm/internal/manager"
+	"github.com/kmm-project/kmm/test/envtest"
+)
+
+// TestManagerServesProbesMetricsAndElectsALeader runs the operator command against a real API server
+// and checks what an administrator would: the probes answer, the metrics endpoint serves the leader
+// election gauge, and the Lease is held.
+func TestManagerServesProbesMetricsAndElectsALeader(t *testing.T) {
+	kubeconfig := writeKubeconfig(t, env)
+	metricsAddr, probeAddr := freeAddr(t), freeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	var logs bytes.Buffer
+	go func() {
+		done <- run(ctx, []string{
+			"--kubeconfig", kubeconfig,
+			"--metrics-bind-address", metricsAddr,
+			"--health-probe-bind-address", probeAddr,
+			"--leader-elect", "--leader-elect-namespace", "default",
+			"--webhook-host", env.WebhookHost, "--webhook-port", fmt.Sprint(env.WebhookPort),
+			"--webhook-cert-dir", env.WebhookCertDir,
+			"--kube-api-qps", "20", "--kube-api-burst", "40",
+		}, &logs)
+	}()
+
+	waitFor(t, "/readyz to answer 200", func() bool { return get(probeAddr, "/readyz") == http.StatusOK })
+	if code := get(probeAddr, "/healthz"); code != http.StatusOK {
+		t.Fatalf("/healthz = %d", code)
+	}
+	waitFor(t, "the leader election gauge", func() bool {
+		return strings.Contains(body(metricsAddr, "/metrics"), `leader_election_master_status{name="`+manager.LeaderElectionID+`"} 1`)
+	})
+	c, err := client.New(env.Config, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease := &coordinationv1.Lease{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: manager.LeaderElectionID}, lease); err != nil {
+		t.Fatalf("the leader election Lease: %v", err)
+	}
+	if lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity == "" {
+		t.Fatalf("the Lease has no holder: %+v", lease.Spec)
+	}
+
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("run returned %v after cancel", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the manager did not stop within 30s of its context ending")
+	}
+	if !strings.Contains(logs.String(), `"message":"Starting the manager"`) {
+		t.Fatalf("the log has no structured start line:\n%s", logs.String())
+	}
+}
+
+func TestRunRejectsBadFlags(t *testing.T) {
+	cases := map[string]struct {
+		args []string
+		want string
+	}{
+		"unknown flag":       {args: []string{"--no-such-flag"}, want: "flag provided but not defined"},
+		"bad log level":      {args: []string{"--log-level", "loud"}, want: `unknown log level "loud"`},
+		"missing kubeconfig": {args: []string{"--kubeconfig", "testdata/none"}, want: "loading the kubeconfig"},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			err := run(context.Background(), tc.args, io.Discard)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("run(%v) = %v, want an error containing %q", tc.args, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestOptionsValidate(t *testing.T) {
+	o := manager.DefaultOptions()
+	o.QPS = 0
+	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "kube-api-qps and kube-api-burst must be positive") {
+		t.Fatalf("Validate() = %v", err)
+	}
+	o = manager.DefaultOptions()
+	o.WebhookPort = 70000
+	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "webhook-port must be a TCP port") {
+		t.Fatalf("Validate() = %v", err)
+	}
+}
+
+func writeKubeconfig(t *testing.T, env *envtest.Env) string {
+	t.Helper()
+	cfg := env.Config
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["envtest"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
+	kc.AuthInfos["admin"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData, Token: cfg.BearerToken}
+	kc.Contexts["envtest"] = &clientcmdapi.Context{Cluster: "envtest", AuthInfo: "admin"}
+	kc.CurrentContext = "envtest"
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, path); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = l.Close() }()
+	return l.Addr().String()
+}
+
+func get(addr, path string) int {
+	resp, err := http.Get("http://" + addr + path)
+	if err != nil {
+		return 0
+	}
+	_ = resp.Body.Close()
+	return resp.StatusCode
+}
+
+func body(addr, path string) string {
+	resp, err := http.Get("http://" + addr + path)
+	if err != nil {
+		return ""
+	}
+	defer func() { _ = resp.Body.Close() }()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// env is the control plane shared by the tests of this package.
+var env *envtest.Env
+
+func TestMain(m *testing.M) {
+	var err error
+	env, err = envtest.Start()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	_ = env.Stop()
+	os.Exit(code)
+}
+
+// TestDeploymentManifestsApply checks that config/manager and config/rbac are valid objects for a
+// real API server (server-side dry run) and that the binding names the generated role.
+func TestDeploymentManifestsApply(t *testing.T) {
+	root, err := envtest.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(env.Config, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, _ := filepath.Glob(filepath.Join(root, "config", "rbac", "*.yaml"))
+	manifests, _ := filepath.Glob(filepath.Join(root, "config", "manager", "*.yaml"))
+	files = append(files, manifests...)
+	kinds := map[string]int{}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, doc := range strings.Split(string(data), "\n---") {
+			obj := &unstructured.Unstructured{}
+			if err := yaml.Unmarshal([]byte(doc), &obj.Object); err != nil {
+				t.Fatalf("%s: %v", f, err)
+			}
+			if len(obj.Object) == 0 {
+				continue
+			}
+			kinds[obj.GetKind()]++
+			if obj.GetKind() == "Namespace" {
+				if err := c.Create(context.Background(), obj); err != nil {
+					t.Fatalf("%s: creating %s: %v", f, obj.GetName(), err)
+				}
+				continue
+			}
+			if err := c.Create(context.Background(), obj, client.DryRunAll); err != nil {
+				t.Fatalf("%s: %s %s rejected: %v", f, obj.GetKind(), obj.GetName(), err)
+			}
+		}
+	}
+	for _, k := range []string{"ClusterRole", "ClusterRoleBinding", "Namespace", "ServiceAccount", "Deployment"} {
+		if kinds[k] == 0 {
+			t.Errorf("no %s in config/rbac or config/manager", k)
+		}
+	}
+}
