@@ -1,0 +1,146 @@
+package fsm
+
+// deriveFuncs say, per state, which trigger the facts amount to (false: none). They implement the
+// five rules of seed 000, reboot detection and the ordered upgrade, one state at a time. Events
+// about the worker pod are taken whatever the node's state (seed 000 reads finished pods first);
+// every other trigger needs a Ready, schedulable node (rule 1).
+var deriveFuncs = map[State]func(*Facts) (Trigger, bool){
+	Absent:               deriveAbsent,
+	Loading:              deriveLoading,
+	LoadBackOff:          deriveLoadBackOff,
+	Loaded:               deriveLoaded,
+	DevicePluginDraining: deriveDevicePluginDraining,
+	Unloading:            deriveUnloading,
+	UnloadBackOff:        deriveUnloadBackOff,
+	Upgrading:            deriveUpgrading,
+}
+
+// derive returns the trigger the facts amount to in the pair's current state.
+func derive(f *Facts) (Trigger, bool) {
+	return deriveFuncs[f.state()](f)
+}
+
+// deriveAbsent: rule 2, status missing and the node runs the spec's kernel → load.
+func deriveAbsent(f *Facts) (Trigger, bool) {
+	return SpecSet, f.nodeUsable() && f.specKernelMatches()
+}
+
+func deriveLoading(f *Facts) (Trigger, bool) {
+	if f.currentWorker(ActionLoad) && f.workerFinished() {
+		if f.Worker.Phase == PodFailed {
+			return WorkerFailed, true
+		}
+		// A success reported in another boot is stale: the module is not loaded in this one.
+		return WorkerSucceeded, f.Worker.Result.BootID == "" || f.Worker.Result.BootID == f.Node.BootID
+	}
+	if f.Worker.Phase == PodRunning || !f.nodeUsable() {
+		return "", false
+	}
+	return specWithdrawn(f)
+}
+
+// specWithdrawn reports that no load can happen: no spec entry, or not for this kernel.
+func specWithdrawn(f *Facts) (Trigger, bool) {
+	switch {
+	case f.Spec == nil:
+		return SpecRemoved, true
+	case !f.specKernelMatches():
+		return KernelChanged, true
+	}
+	return "", false
+}
+
+func deriveLoadBackOff(f *Facts) (Trigger, bool) {
+	if !f.nodeUsable() {
+		return "", false
+	}
+	if t, ok := specWithdrawn(f); ok {
+		return t, true
+	}
+	if f.Worker.Phase == PodFailed && f.Spec != nil && !sameEntry(f.Worker.Entry, *f.Spec) {
+		return SpecChanged, true // the failed config was replaced: retry at once
+	}
+	return BackOffExpired, f.backOffExpired()
+}
+
+// deriveLoaded: reboots (bootID, or rule 5's Ready timestamp), rule 4's unload when the spec
+// differs from status on the status kernel, and upgrade requests.
+func deriveLoaded(f *Facts) (Trigger, bool) {
+	if !f.nodeUsable() {
+		return "", false
+	}
+	switch {
+	case f.rebootedByBootID() || (f.Status.Config != nil && !f.statusKernelMatches()):
+		return NodeRebooted, true
+	case f.needsUnload():
+		if f.Spec == nil {
+			return SpecRemoved, true
+		}
+		return SpecChanged, true
+	case f.upgradeRequested():
+		return UpgradeRequested, true
+	case f.readyNewerThanWorker():
+		return NodeRebooted, true
+	}
+	return "", false
+}
+
+func deriveDevicePluginDraining(f *Facts) (Trigger, bool) {
+	if !f.nodeUsable() {
+		return "", false
+	}
+	switch {
+	case f.rebootedByBootID():
+		return NodeRebooted, true
+	case !f.needsUnload() && !f.upgradeRequested():
+		return SpecRestored, true
+	case f.needsUnload() && !f.DevicePluginRunning:
+		return DevicePluginGone, true
+	}
+	return "", false
+}
+
+func deriveUnloading(f *Facts) (Trigger, bool) {
+	if f.currentWorker(ActionUnload) && f.workerFinished() {
+		if f.Worker.Phase == PodFailed {
+			return WorkerFailed, true
+		}
+		return WorkerSucceeded, true
+	}
+	if f.Worker.Phase == PodRunning || !f.nodeUsable() {
+		return "", false
+	}
+	switch {
+	case f.rebootedByBootID():
+		return NodeRebooted, true
+	case !f.needsUnload() && !f.upgradeRequested():
+		return SpecRestored, true
+	}
+	return "", false
+}
+
+func deriveUnloadBackOff(f *Facts) (Trigger, bool) {
+	if !f.nodeUsable() {
+		return "", false
+	}
+	switch {
+	case f.rebootedByBootID():
+		return NodeRebooted, true
+	case !f.needsUnload() && !f.upgradeRequested():
+		return SpecRestored, true
+	}
+	return BackOffExpired, f.backOffExpired()
+}
+
+func deriveUpgrading(f *Facts) (Trigger, bool) {
+	if !f.nodeUsable() {
+		return "", false
+	}
+	switch {
+	case f.specKernelMatches():
+		return SpecSet, true
+	case f.Spec == nil && f.Node.UpgradeTarget == "":
+		return UpgradeAbandoned, true
+	}
+	return "", false
+}

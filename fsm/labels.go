@@ -1,0 +1,30 @@
+package fsm
+
+// Node label keys. <ns> and <name> are the Module's namespace and name; with a version set their
+// combined length is at most 39 so that every key stays a valid label key (kmmv1beta1.MaxVersionedNameLength).
+
+// ReadyLabel marks a node where the module is loaded; device plugin DaemonSets select on it.
+func ReadyLabel(namespace, name string) string {
+	return "kmm.node.kubernetes.io/" + namespace + "." + name + ".ready"
+}
+
+// VersionReadyLabel names the module version loaded on a node.
+func VersionReadyLabel(namespace, name string) string {
+	return "kmm.node.kubernetes.io/" + namespace + "." + name + ".version.ready"
+}
+
+// ModuleVersionLabel is the user's label requesting a module version on a node (ordered upgrade).
+func ModuleVersionLabel(namespace, name string) string {
+	return "kmm.node.kubernetes.io/version-module." + namespace + "." + name
+}
+
+// WorkerPodVersionLabel is the internal label saying which version the worker pods may load
+// (seed 000's "module loader version label").
+func WorkerPodVersionLabel(namespace, name string) string {
+	return "beta.kmm.node.kubernetes.io/version-worker-pod." + namespace + "." + name
+}
+
+// DevicePluginVersionLabel is the internal label saying which device plugin version may run on a node.
+func DevicePluginVersionLabel(namespace, name string) string {
+	return "beta.kmm.node.kubernetes.io/version-device-plugin." + namespace + "." + name
+}

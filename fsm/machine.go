@@ -1,0 +1,197 @@
+package fsm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/qmuntal/stateless"
+
+	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+)
+
+// State is the state of a (node, module) pair, as stored in the NMC status entry.
+type State = kmmv1beta1.ModuleState
+
+// The states, re-exported for readability of this package.
+const (
+	Absent               = kmmv1beta1.StateAbsent
+	Loading              = kmmv1beta1.StateLoading
+	Loaded               = kmmv1beta1.StateLoaded
+	Unloading            = kmmv1beta1.StateUnloading
+	DevicePluginDraining = kmmv1beta1.StateDevicePluginDraining
+	Upgrading            = kmmv1beta1.StateUpgrading
+	LoadBackOff          = kmmv1beta1.StateLoadBackOff
+	UnloadBackOff        = kmmv1beta1.StateUnloadBackOff
+)
+
+// States lists every state, in the order the diagrams describe them.
+var States = []State{Absent, Loading, Loaded, DevicePluginDraining, Unloading, Upgrading, LoadBackOff, UnloadBackOff}
+
+// Trigger is an observed event that may move a pair to another state.
+type Trigger string
+
+// The triggers. Step derives them from facts; the machine decides where each leads.
+const (
+	// SpecSet: the spec has an entry for the pair, for the kernel the node runs.
+	SpecSet Trigger = "SpecSet"
+	// SpecChanged: the spec entry differs from the loaded config.
+	SpecChanged Trigger = "SpecChanged"
+	// SpecRemoved: the spec has no entry for the pair any more.
+	SpecRemoved Trigger = "SpecRemoved"
+	// SpecRestored: the spec entry equals the loaded config again and no upgrade is requested.
+	SpecRestored Trigger = "SpecRestored"
+	// KernelChanged: the node runs another kernel than the one the spec entry or the loaded config is for.
+	KernelChanged Trigger = "KernelChanged"
+	// NodeRebooted: the node's boot ID changed, or its Ready transition is newer than the last worker run.
+	NodeRebooted Trigger = "NodeRebooted"
+	// WorkerSucceeded: the pair's current worker pod finished successfully.
+	WorkerSucceeded Trigger = "WorkerSucceeded"
+	// WorkerFailed: the pair's current worker pod failed (or was evicted).
+	WorkerFailed Trigger = "WorkerFailed"
+	// BackOffExpired: the back-off after a failure is over.
+	BackOffExpired Trigger = "BackOffExpired"
+	// UpgradeRequested: the node's version-module label asks for another version than the loaded one.
+	UpgradeRequested Trigger = "UpgradeRequested"
+	// DevicePluginGone: no device plugin pod of the module runs on the node any more.
+	DevicePluginGone Trigger = "DevicePluginGone"
+	// UpgradeAbandoned: an upgrade waiting for the new version's spec entry is no longer requested.
+	UpgradeAbandoned Trigger = "UpgradeAbandoned"
+)
+
+// ErrNotPermitted is returned (wrapped) when a trigger is not permitted in the current state.
+var ErrNotPermitted = errors.New("trigger not permitted")
+
+// pairKey is the context key under which a Fire call carries its pair.
+type pairKey struct{}
+
+// pair is the external storage of one Fire call: the state and the facts the guards read.
+type pair struct {
+	state State
+	facts *Facts
+}
+
+func pairFrom(ctx context.Context) *pair {
+	return ctx.Value(pairKey{}).(*pair)
+}
+
+var (
+	machineOnce sync.Once
+	machine     *stateless.StateMachine
+)
+
+// Machine returns the configured state machine, built once and shared: each Fire call carries its
+// own state and facts in its context, so concurrent pairs never share state.
+func Machine() *stateless.StateMachine {
+	machineOnce.Do(func() { machine = newMachine(Absent) })
+	return machine
+}
+
+// newMachine builds a machine whose initial state (shown in diagrams) is initial.
+func newMachine(initial State) *stateless.StateMachine {
+	sm := stateless.NewStateMachineWithExternalStorage(
+		func(ctx context.Context) (stateless.State, error) {
+			if p, ok := ctx.Value(pairKey{}).(*pair); ok {
+				return p.state, nil
+			}
+			return initial, nil
+		},
+		func(ctx context.Context, s stateless.State) error {
+			pairFrom(ctx).state = s.(State)
+			return nil
+		},
+		stateless.FiringImmediate,
+	)
+	sm.OnUnhandledTrigger(func(_ context.Context, state stateless.State, trigger stateless.Trigger, unmet []string) error {
+		return fmt.Errorf("%w: %s in state %s (unmet guards %v)", ErrNotPermitted, trigger, state, unmet)
+	})
+	Configure(sm)
+	return sm
+}
+
+// Configure declares every state and transition on sm. It is the single source of the machine:
+// the controller, the tests and the diagram generator all use it.
+func Configure(sm *stateless.StateMachine) {
+	sm.Configure(Absent).
+		Permit(SpecSet, Loading, nodeKernelMatchesSpec)
+
+	sm.Configure(Loading).
+		Permit(WorkerSucceeded, Loaded).
+		Permit(WorkerFailed, LoadBackOff).
+		Permit(SpecRemoved, Absent).
+		Permit(KernelChanged, Absent)
+
+	sm.Configure(LoadBackOff).
+		Permit(BackOffExpired, Loading).
+		Permit(SpecChanged, Loading).
+		Permit(SpecRemoved, Absent).
+		Permit(KernelChanged, Absent)
+
+	sm.Configure(Loaded).
+		Permit(NodeRebooted, Loading, nodeKernelMatchesSpec).
+		Permit(NodeRebooted, Absent, nodeKernelDiffersFromSpec).
+		Permit(SpecRemoved, DevicePluginDraining, devicePluginRunning).
+		Permit(SpecRemoved, Unloading, devicePluginNotRunning).
+		Permit(SpecChanged, DevicePluginDraining, devicePluginRunning).
+		Permit(SpecChanged, Unloading, devicePluginNotRunning).
+		Permit(UpgradeRequested, DevicePluginDraining)
+
+	sm.Configure(DevicePluginDraining).
+		Permit(DevicePluginGone, Unloading).
+		Permit(SpecRestored, Loaded).
+		Permit(NodeRebooted, Loading, nodeKernelMatchesSpec).
+		Permit(NodeRebooted, Absent, nodeKernelDiffersFromSpec)
+
+	sm.Configure(Unloading).
+		Permit(WorkerSucceeded, Upgrading, upgradeInProgress).
+		Permit(WorkerSucceeded, Absent, noUpgradeInProgress).
+		Permit(WorkerFailed, UnloadBackOff).
+		Permit(SpecRestored, Loaded).
+		Permit(NodeRebooted, Absent)
+
+	sm.Configure(UnloadBackOff).
+		Permit(BackOffExpired, Unloading).
+		Permit(SpecRestored, Loaded).
+		Permit(NodeRebooted, Absent)
+
+	sm.Configure(Upgrading).
+		Permit(SpecSet, Loading, nodeKernelMatchesSpec).
+		Permit(UpgradeAbandoned, Absent)
+}
+
+// Guards. They read the facts of the Fire call; their names appear in the diagrams.
+
+func nodeKernelMatchesSpec(ctx context.Context, _ ...any) bool {
+	return pairFrom(ctx).facts.specKernelMatches()
+}
+
+func nodeKernelDiffersFromSpec(ctx context.Context, args ...any) bool {
+	return !nodeKernelMatchesSpec(ctx, args...)
+}
+
+func devicePluginRunning(ctx context.Context, _ ...any) bool {
+	return pairFrom(ctx).facts.DevicePluginRunning
+}
+
+func devicePluginNotRunning(ctx context.Context, args ...any) bool {
+	return !devicePluginRunning(ctx, args...)
+}
+
+func upgradeInProgress(ctx context.Context, _ ...any) bool {
+	return pairFrom(ctx).facts.upgradeInProgress()
+}
+
+func noUpgradeInProgress(ctx context.Context, args ...any) bool {
+	return !upgradeInProgress(ctx, args...)
+}
+
+// fire fires t on a pair in state from, with facts f, and returns the state it leads to.
+func fire(from State, t Trigger, f *Facts) (State, error) {
+	p := &pair{state: from, facts: f}
+	ctx := context.WithValue(context.Background(), pairKey{}, p)
+	if err := Machine().FireCtx(ctx, t); err != nil {
+		return from, err
+	}
+	return p.state, nil
+}

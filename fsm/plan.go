@@ -1,0 +1,67 @@
+package fsm
+
+import kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+
+// plan says what must be true while the pair is in its state: the worker pod it needs (created only
+// on a Ready, schedulable node and for the kernel the node runs — rules 1 to 4 of seed 000), the
+// finished pods to clean up, the node labels, and when to look again.
+func plan(f *Facts) Plan {
+	p := Plan{}
+	if f.state() == Loaded {
+		p.Ready, p.VersionReady = true, f.loadedVersion()
+	}
+	switch f.state() {
+	case Loading:
+		planWorker(f, &p, ActionLoad)
+	case Unloading:
+		planWorker(f, &p, ActionUnload)
+	case LoadBackOff, UnloadBackOff:
+		// The failed pod stays for inspection until the retry replaces it.
+		p.RequeueAfter = max(f.Status.LastTransitionTime.Add(f.BackOff.Delay(f.Status.Attempts)).Sub(f.Now), 0)
+		p.Waiting = "backing off after " + f.Status.Message
+	default:
+		p.DeleteWorker = f.workerFinished()
+		if f.Worker.Phase == PodRunning {
+			p.Waiting = "waiting for the " + string(f.Worker.Action) + " worker pod of an earlier state to finish"
+		}
+	}
+	return p
+}
+
+// planWorker plans the worker pod of a Loading or Unloading pair.
+func planWorker(f *Facts, p *Plan, action WorkerAction) {
+	switch {
+	case f.Worker.Phase == PodRunning:
+		p.Waiting = "worker pod running"
+	case f.workerFinished():
+		p.DeleteWorker = true // recorded, or stale: make room for the current attempt
+	case !f.Node.Ready:
+		p.Waiting = "node not Ready"
+	case !f.Node.Schedulable:
+		p.Waiting = "node cordoned"
+	case action == ActionLoad && !f.specKernelMatches():
+		p.Waiting = "spec entry is not for the node's kernel " + f.Node.KernelVersion
+	case action == ActionUnload && !f.statusKernelMatches():
+		p.Waiting = "loaded config is not for the node's kernel " + f.Node.KernelVersion
+	case action == ActionUnload && f.DevicePluginRunning:
+		p.Waiting = "device plugin pod still on the node"
+	default:
+		p.CreateWorker = &WorkerIntent{Action: action, Attempt: f.Status.Attempts, Entry: workerEntry(f, action)}
+	}
+}
+
+// workerEntry is what a new worker pod loads (the spec entry) or unloads (the loaded config).
+func workerEntry(f *Facts, action WorkerAction) kmmv1beta1.NodeModuleSpec {
+	if action == ActionLoad {
+		return *f.Spec.DeepCopy()
+	}
+	e := kmmv1beta1.NodeModuleSpec{
+		Namespace:          f.Status.Namespace,
+		Name:               f.Status.Name,
+		Config:             *f.Status.Config.DeepCopy(),
+		ServiceAccountName: f.Status.ServiceAccountName,
+		ImageRepoSecret:    f.Status.ImageRepoSecret.DeepCopy(),
+		Tolerations:        copyTolerations(f.Status.Tolerations),
+	}
+	return e
+}

@@ -1,0 +1,82 @@
+package fsm
+
+import (
+	"fmt"
+	"sync"
+
+	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+)
+
+// Edge is one transition the machine permits: From --Trigger--> To under some facts.
+type Edge struct {
+	From    State
+	Trigger Trigger
+	To      State
+}
+
+// AllTriggers lists every trigger.
+var AllTriggers = []Trigger{SpecSet, SpecChanged, SpecRemoved, SpecRestored, KernelChanged, NodeRebooted,
+	WorkerSucceeded, WorkerFailed, BackOffExpired, UpgradeRequested, DevicePluginGone, UpgradeAbandoned}
+
+var (
+	edgesOnce sync.Once
+	edges     map[Edge]bool
+)
+
+// Edges returns every transition the machine permits, found by firing each trigger in each state
+// under every combination of the facts its guards read.
+func Edges() map[Edge]bool {
+	edgesOnce.Do(func() {
+		edges = map[Edge]bool{}
+		for _, f := range guardFactCombinations() {
+			for _, s := range States {
+				for _, t := range AllTriggers {
+					if to, err := fire(s, t, f); err == nil {
+						edges[Edge{From: s, Trigger: t, To: to}] = true
+					}
+				}
+			}
+		}
+	})
+	return edges
+}
+
+// guardFactCombinations returns facts covering every outcome of every guard.
+func guardFactCombinations() []*Facts {
+	var out []*Facts
+	for _, kernelMatch := range []bool{false, true} {
+		for _, dp := range []bool{false, true} {
+			for _, upgrade := range []bool{false, true} {
+				f := &Facts{Spec: &kmmv1beta1.NodeModuleSpec{Config: kmmv1beta1.ModuleConfig{KernelVersion: "k"}}, DevicePluginRunning: dp}
+				f.Node.KernelVersion = "other"
+				if kernelMatch {
+					f.Node.KernelVersion = "k"
+				}
+				if upgrade {
+					f.Node.UpgradeTarget = "v2"
+				}
+				out = append(out, f)
+			}
+		}
+	}
+	return out
+}
+
+// Replay replays a transition log from its first entry and returns the state it ends in. Every
+// entry must start where the previous one ended and be a transition the machine permits.
+func Replay(log []kmmv1beta1.Transition) (State, error) {
+	if len(log) == 0 {
+		return Absent, nil
+	}
+	state := log[0].From
+	for i, tr := range log {
+		if tr.From != state {
+			return state, fmt.Errorf("entry %d starts in %s, but the log was in %s", i, tr.From, state)
+		}
+		if !Edges()[Edge{From: tr.From, Trigger: Trigger(tr.Trigger), To: tr.To}] {
+			return state, fmt.Errorf("entry %d: %s --%s--> %s is not a transition of the machine", i, tr.From, tr.Trigger, tr.To)
+		}
+		state = tr.To
+	}
+	return state, nil
+}

@@ -1,0 +1,115 @@
+package fsm
+
+import (
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+)
+
+func testModule(version string) *kmmv1beta1.Module {
+	return &kmmv1beta1.Module{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "drivers", Name: "nic"},
+		Spec: kmmv1beta1.ModuleSpec{
+			Selector: map[string]string{"role": "worker"},
+			ModuleLoader: kmmv1beta1.ModuleLoaderSpec{Container: kmmv1beta1.ModuleLoaderContainerSpec{
+				Version:        version,
+				ContainerImage: "reg.example.com/$MOD_NAMESPACE/$MOD_NAME:$KERNEL_FULL_VERSION",
+				Modprobe:       kmmv1beta1.ModprobeSpec{ModuleName: "nic"},
+				KernelMappings: []kmmv1beta1.KernelMapping{
+					{Literal: "5.14.0-1.el9.x86_64", ContainerImage: "reg.example.com/nic:literal"},
+					{Regexp: `^6\.1\..*-cloud-amd64$`, RegistryTLS: &kmmv1beta1.TLSOptions{Insecure: true}, InTreeModulesToRemove: []string{"old_nic"}},
+					{VersionRange: ">=6.8 <7", ContainerImage: "reg.example.com/nic:$KERNEL_XYZ"},
+				},
+			}},
+		},
+	}
+}
+
+func testNode(kernel string, labels map[string]string) NodeView {
+	l := map[string]string{"role": "worker"}
+	for k, v := range labels {
+		l[k] = v
+	}
+	return NodeView{Name: "n1", Labels: l, KernelVersion: kernel, Ready: true}
+}
+
+// TestDecideSpec covers every branch of seed 000's Module-NMC flowchart, one case per rule.
+func TestDecideSpec(t *testing.T) {
+	versionLabel := WorkerPodVersionLabel("drivers", "nic")
+	deleted := testModule("")
+	deleted.DeletionTimestamp = &metav1.Time{Time: time.Unix(1, 0)}
+	cases := []struct {
+		name       string
+		module     *kmmv1beta1.Module
+		node       NodeView
+		wantAction SpecAction
+		wantReason string
+		wantImage  string
+	}{
+		{name: "rule 1: node not matching the selector gets no entry", module: testModule(""),
+			node: NodeView{Labels: map[string]string{"role": "infra"}, KernelVersion: "5.14.0-1.el9.x86_64"}, wantAction: SpecDelete, wantReason: ReasonNotSelected},
+		{name: "rule 1: a NotReady, cordoned node still gets its entry", module: testModule(""),
+			node: NodeView{Labels: map[string]string{"role": "worker"}, KernelVersion: "5.14.0-1.el9.x86_64", Unschedulable: true}, wantAction: SpecUpdate, wantReason: ReasonDesired, wantImage: "reg.example.com/nic:literal"},
+		{name: "rule 2: no kernel mapping for the node's kernel does nothing", module: testModule(""),
+			node: testNode("4.18.0-1.el8.x86_64", nil), wantAction: SpecKeep, wantReason: ReasonNoKernelMapping},
+		{name: "rule 3: mapping found, no version: update (literal)", module: testModule(""),
+			node: testNode("5.14.0-1.el9.x86_64", nil), wantAction: SpecUpdate, wantReason: ReasonDesired, wantImage: "reg.example.com/nic:literal"},
+		{name: "rule 3: mapping found, no version: update (regexp, default image templated)", module: testModule(""),
+			node: testNode("6.1.0-56-cloud-amd64", nil), wantAction: SpecUpdate, wantReason: ReasonDesired, wantImage: "reg.example.com/drivers/nic:6.1.0-56-cloud-amd64"},
+		{name: "rule 3: mapping found, no version: update (versionRange, trailing + ignored)", module: testModule(""),
+			node: testNode("6.10.3-100+", nil), wantAction: SpecUpdate, wantReason: ReasonDesired, wantImage: "reg.example.com/nic:6.10.3"},
+		{name: "rule 4: version label equals Version: update", module: testModule("v2"),
+			node: testNode("5.14.0-1.el9.x86_64", map[string]string{versionLabel: "v2"}), wantAction: SpecUpdate, wantReason: ReasonDesired, wantImage: "reg.example.com/nic:literal"},
+		{name: "rule 5: version label older than Version: do nothing", module: testModule("v2"),
+			node: testNode("5.14.0-1.el9.x86_64", map[string]string{versionLabel: "v1"}), wantAction: SpecKeep, wantReason: ReasonVersionPending},
+		{name: "rule 6: version label missing: delete the entry", module: testModule("v2"),
+			node: testNode("5.14.0-1.el9.x86_64", nil), wantAction: SpecDelete, wantReason: ReasonVersionMissing},
+		{name: "Module deleted: delete the entry", module: deleted,
+			node: testNode("5.14.0-1.el9.x86_64", nil), wantAction: SpecDelete, wantReason: ReasonModuleDeleted},
+		{name: "unparsable kernel version is reported, not loaded", module: testModule(""),
+			node: testNode("garbage", nil), wantAction: SpecKeep, wantReason: ReasonInvalidKernel},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			d := DecideSpec(tc.module, tc.node)
+			if d.Action != tc.wantAction || d.Reason != tc.wantReason {
+				t.Fatalf("DecideSpec = %s/%s (%s), want %s/%s", d.Action, d.Reason, d.Message, tc.wantAction, tc.wantReason)
+			}
+			if tc.wantImage != "" && (d.Entry == nil || d.Entry.Config.ContainerImage != tc.wantImage) {
+				t.Fatalf("entry = %+v, want image %s", d.Entry, tc.wantImage)
+			}
+		})
+	}
+}
+
+func TestResolveEntryAppliesMappingOverrides(t *testing.T) {
+	m := testModule("v1")
+	m.Spec.ModuleLoader.Container.InTreeModuleToRemove = "legacy"
+	e, _, err := ResolveEntry(m, "6.1.0-56-cloud-amd64")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := e.Config
+	if !c.RegistryTLS.Insecure || len(c.InTreeModulesToRemove) != 1 || c.InTreeModulesToRemove[0] != "old_nic" ||
+		c.Modprobe.DirName != "/opt" || c.Version != "v1" || c.KernelVersion != "6.1.0-56-cloud-amd64" {
+		t.Fatalf("config = %+v", c)
+	}
+	e, _, err = ResolveEntry(m, "5.14.0-1.el9.x86_64")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := e.Config.InTreeModulesToRemove; len(got) != 1 || got[0] != "legacy" || e.Config.RegistryTLS.Insecure {
+		t.Fatalf("container defaults not used for a mapping without overrides: %+v", e.Config)
+	}
+}
+
+func TestResolveEntryReportsAnInvalidMapping(t *testing.T) {
+	m := testModule("")
+	m.Spec.ModuleLoader.Container.KernelMappings = []kmmv1beta1.KernelMapping{{Regexp: "(", ContainerImage: "r/x:y"}}
+	if _, reason, err := ResolveEntry(m, "6.1.0"); err == nil || reason != ReasonInvalidSpec {
+		t.Fatalf("ResolveEntry = %v/%v, want InvalidSpec", reason, err)
+	}
+}

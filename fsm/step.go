@@ -1,0 +1,175 @@
+package fsm
+
+import (
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+)
+
+// maxTriggersPerStep bounds the transitions one decision may chain (facts do not change within a
+// step, so a longer chain would be a cycle).
+const maxTriggersPerStep = 8
+
+// Result is the NMC decision for one pair.
+type Result struct {
+	// Status is the new status entry; nil means the entry should be removed (nothing loaded,
+	// nothing wanted, no pod left).
+	Status *kmmv1beta1.NodeModuleStatus
+	// Fired are the transitions this step made, oldest first.
+	Fired []kmmv1beta1.Transition
+	// Plan is what the reconciler must make true while the pair is in its (new) state.
+	Plan Plan
+	// Err is set when a derived trigger was not permitted (ErrNotPermitted); Status then holds
+	// the transitions made before it.
+	Err error
+}
+
+// Plan is the side effects the reconciler carries out, each idempotent.
+type Plan struct {
+	// CreateWorker, when set, is the worker pod to create.
+	CreateWorker *WorkerIntent
+	// DeleteWorker asks to delete the pair's finished worker pod (its outcome is recorded).
+	DeleteWorker bool
+	// Ready says whether the node should carry the module's ready label.
+	Ready bool
+	// VersionReady is the value of the version.ready label ("" removes it).
+	VersionReady string
+	// RequeueAfter asks for another decision after this long (0: only on events).
+	RequeueAfter time.Duration
+	// Waiting says why nothing moves, for logs and Events ("" when not waiting).
+	Waiting string
+}
+
+// WorkerIntent is a worker pod to create.
+type WorkerIntent struct {
+	Action  WorkerAction
+	Attempt int32
+	Entry   kmmv1beta1.NodeModuleSpec
+}
+
+// Step decides for one pair: it fires the triggers the facts amount to, records each transition in
+// the status entry, and plans the side effects of the resulting state.
+func Step(f Facts) Result {
+	st := *f.Status.DeepCopy()
+	if st.State == "" {
+		st.State = Absent
+		st.LastTransitionTime = metav1.NewTime(f.Now)
+	}
+	var res Result
+	for range maxTriggersPerStep {
+		f.Status = st
+		t, ok := derive(&f)
+		if !ok {
+			break
+		}
+		to, err := fire(st.State, t, &f)
+		if err != nil {
+			res.Err = err
+			break
+		}
+		tr := record(&st, t, to, &f)
+		res.Fired = append(res.Fired, tr)
+	}
+	f.Status = st
+	res.Plan = plan(&f)
+	if st.State != Absent || f.Spec != nil || f.Worker.Phase == PodRunning {
+		res.Status = &st
+	}
+	return res
+}
+
+// record updates the status entry for a transition and appends it to the bounded log. It only
+// records: side effects belong to the Plan.
+func record(st *kmmv1beta1.NodeModuleStatus, t Trigger, to State, f *Facts) kmmv1beta1.Transition {
+	from := st.State
+	switch {
+	case t == WorkerSucceeded && from == Loading:
+		recordLoaded(st, f)
+	case t == WorkerSucceeded && from == Unloading:
+		recordUnloaded(st, f)
+	case t == WorkerFailed:
+		st.Attempts++
+	case t == NodeRebooted:
+		// Nothing survives a reboot: the record says so, and a reload starts afresh.
+		recordUnloaded(st, f)
+		st.LastWorkerTime = nil
+	}
+	tr := kmmv1beta1.Transition{Trigger: string(t), From: from, To: to, Time: metav1.NewTime(f.Now), Reason: string(t)}
+	st.Transitions = append(st.Transitions, tr)
+	if n := len(st.Transitions); n > kmmv1beta1.MaxTransitionLog {
+		st.Transitions = st.Transitions[n-kmmv1beta1.MaxTransitionLog:]
+	}
+	st.State, st.LastTransitionTime, st.Reason = to, tr.Time, string(t)
+	st.Message = messageFor(t, f)
+	return tr
+}
+
+func recordLoaded(st *kmmv1beta1.NodeModuleStatus, f *Facts) {
+	cfg := *f.Worker.Entry.Config.DeepCopy()
+	st.Config = &cfg
+	st.ServiceAccountName = f.Worker.Entry.ServiceAccountName
+	st.ImageRepoSecret = f.Worker.Entry.ImageRepoSecret.DeepCopy()
+	st.Tolerations = copyTolerations(f.Worker.Entry.Tolerations)
+	st.BootID = f.Worker.Result.BootID
+	if st.BootID == "" {
+		st.BootID = f.Node.BootID
+	}
+	st.ImageDigest = f.Worker.Result.ImageDigest
+	now := metav1.NewTime(f.Now)
+	st.LastWorkerTime = &now
+	st.Attempts = 0
+}
+
+func recordUnloaded(st *kmmv1beta1.NodeModuleStatus, f *Facts) {
+	st.Config, st.ServiceAccountName, st.ImageRepoSecret, st.Tolerations = nil, "", nil, nil
+	st.BootID, st.ImageDigest = "", ""
+	now := metav1.NewTime(f.Now)
+	st.LastWorkerTime = &now
+	st.Attempts = 0
+}
+
+func copyTolerations(in []corev1.Toleration) []corev1.Toleration {
+	if in == nil {
+		return nil
+	}
+	out := make([]corev1.Toleration, len(in))
+	for i := range in {
+		in[i].DeepCopyInto(&out[i])
+	}
+	return out
+}
+
+// messageFor explains a transition to a person.
+func messageFor(t Trigger, f *Facts) string {
+	switch t {
+	case WorkerFailed:
+		return "worker failed (" + f.Worker.Result.Reason + "): " + f.Worker.Result.Message
+	case WorkerSucceeded:
+		return "worker " + string(f.Worker.Action) + " succeeded"
+	case NodeRebooted:
+		return "node rebooted or became Ready again since the last worker run"
+	case UpgradeRequested:
+		return "node asks for version " + f.Node.UpgradeTarget + ": draining the device plugin"
+	}
+	return triggerMessages[t]
+}
+
+var triggerMessages = map[Trigger]string{
+	SpecSet:          "spec wants the module on this kernel",
+	SpecChanged:      "spec differs from the loaded config",
+	SpecRemoved:      "spec no longer wants the module",
+	SpecRestored:     "spec equals the loaded config again",
+	KernelChanged:    "the node runs another kernel than the spec is for",
+	BackOffExpired:   "back-off over: retrying",
+	DevicePluginGone: "device plugin pod gone from the node",
+	UpgradeAbandoned: "upgrade no longer requested",
+}
+
+// sameEntry says whether two spec entries ask for the same thing.
+func sameEntry(a, b kmmv1beta1.NodeModuleSpec) bool {
+	return equality.Semantic.DeepEqual(a.Config, b.Config)
+}
