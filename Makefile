@@ -40,6 +40,10 @@ manifests: $(CONTROLLER_GEN) ## Generate CRDs, RBAC and webhook configuration in
 		output:rbac:artifacts:config=config/rbac \
 		output:webhook:artifacts:config=config/webhook
 
+.PHONY: diagrams
+diagrams: ## Generate docs/state-diagrams/ from the state machine configuration.
+	go run ./cmd/kmm-diagrams docs/state-diagrams
+
 .PHONY: fmt
 fmt: ## Run gofmt.
 	gofmt -l -w $$(git ls-files '*.go')
@@ -57,9 +61,9 @@ test: tools packages ## Run all tests: unit, property and envtest integration te
 	go test $(GO_TEST_FLAGS) ./...
 
 .PHONY: verify
-verify: generate manifests fmt ## Regenerate everything and fail if the tree changed; then vet and lint.
+verify: generate manifests diagrams fmt ## Regenerate everything and fail if the tree changed; then vet and lint.
 	@if [ -n "$$(git status --porcelain)" ]; then \
-		echo "make verify: generated files or formatting are stale; commit the result of 'make generate manifests fmt':"; \
+		echo "make verify: generated files or formatting are stale; commit the result of 'make generate manifests diagrams fmt':"; \
 		git status --porcelain; git --no-pager diff --stat; exit 1; fi
 	$(MAKE) vet lint
 

@@ -228,9 +228,10 @@ func TestTransitionLogIsBoundedAndReplays(t *testing.T) {
 		node.BootID = string(rune('a' + boot))
 		f := facts(e1, st, node)
 		f.Now = t0.Add(time.Duration(i) * time.Minute)
-		if st.State == Loading {
+		switch st.State {
+		case Loading:
 			f.Worker = Worker{Phase: PodSucceeded, Action: ActionLoad, Entry: *e1, Result: WorkerResult{BootID: node.BootID}}
-		} else if st.State == Loaded {
+		case Loaded:
 			boot++
 			f.Node.BootID = string(rune('a' + boot))
 		}

@@ -1,0 +1,45 @@
+package fsm
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestCommittedDiagramsAreFresh fails when docs/state-diagrams/ differs from a fresh generation:
+// the diagrams are generated from the code, never edited by hand (run `make diagrams`).
+func TestCommittedDiagramsAreFresh(t *testing.T) {
+	for name, want := range DiagramFiles() {
+		got, err := os.ReadFile(filepath.Join("..", "docs", "state-diagrams", name))
+		if err != nil {
+			t.Fatalf("%s: %v (run `make diagrams`)", name, err)
+		}
+		if string(got) != want {
+			t.Errorf("docs/state-diagrams/%s is stale: run `make diagrams`", name)
+		}
+	}
+}
+
+func TestDiagramsShowEveryStateAndTransition(t *testing.T) {
+	dot, mmd := DOT(), Mermaid()
+	if DOT() != dot {
+		t.Fatal("DOT output is not deterministic")
+	}
+	for _, s := range States {
+		if !strings.Contains(dot, string(s)+" [label=") {
+			t.Errorf("DOT lacks state %s", s)
+		}
+		if StateDescriptions[s] == "" {
+			t.Errorf("state %s has no description", s)
+		}
+	}
+	for e := range Edges() {
+		if !strings.Contains(mmd, string(e.From)+" --> "+string(e.To)+": "+string(e.Trigger)) {
+			t.Errorf("Mermaid lacks %s --%s--> %s", e.From, e.Trigger, e.To)
+		}
+	}
+	if !strings.Contains(mmd, "[devicePluginRunning]") {
+		t.Error("Mermaid does not name the guards")
+	}
+}
