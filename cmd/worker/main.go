@@ -1,0 +1,165 @@
+// Command worker is kmm's worker: run once in a pod on a node, it pulls a kmod image, loads or
+// unloads one kernel module and writes a JSON result to the termination-message path.
+//
+//	worker load|unload --config <file> [--pull-secret <docker-config>] [--cache-dir <dir>]
+//	       [--host-root <dir>] [--termination-log <file>] [--dry-run] [--modprobe <path>]
+//	       [--max-extract-bytes <n>] [--log-level <level>] [--log-console]
+//
+// Exit status: 0 the action succeeded; 1 it failed (the result says why); 2 usage error (no
+// result written); 3 the result could not be written.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/go-logr/logr"
+
+	"github.com/kmm-project/kmm/internal/logging"
+	"github.com/kmm-project/kmm/worker"
+)
+
+// Exit statuses.
+const (
+	exitSucceeded   = 0
+	exitFailed      = 1
+	exitUsage       = 2
+	exitResultWrite = 3
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// flags are the command-line settings.
+type flags struct {
+	action         worker.Action
+	config         string
+	pullSecret     string
+	cacheDir       string
+	hostRoot       string
+	terminationLog string
+	modprobe       string
+	maxBytes       int64
+	dryRun         bool
+	logLevel       string
+	logConsole     bool
+}
+
+// parseFlags reads `load|unload [flags]` (the action may also follow the flags).
+func parseFlags(args []string, errOut io.Writer) (flags, error) {
+	var f flags
+	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
+	fs.SetOutput(errOut)
+	fs.Usage = func() {
+		_, _ = fmt.Fprintln(errOut, "usage: worker load|unload --config <file> [flags]")
+		fs.PrintDefaults()
+	}
+	fs.StringVar(&f.config, "config", "", "Worker config file (JSON or YAML), usually the downward-API file of the pod annotation. Required.")
+	fs.StringVar(&f.pullSecret, "pull-secret", "", "Pull secret in docker-config form (.dockerconfigjson); empty for anonymous pulls.")
+	fs.StringVar(&f.cacheDir, "cache-dir", "/var/lib/kmm/cache", "Digest-keyed image cache; a host path so that it survives the pod.")
+	fs.StringVar(&f.hostRoot, "host-root", "/", "Where the host's / is: boot ID, firmware directory and sysfs are read and written below it.")
+	fs.StringVar(&f.terminationLog, "termination-log", "/dev/termination-log", "File the JSON result is written to.")
+	fs.StringVar(&f.modprobe, "modprobe", "/usr/sbin/modprobe", "The modprobe binary.")
+	fs.Int64Var(&f.maxBytes, "max-extract-bytes", worker.DefaultMaxExtractBytes, "Cap on the file bytes extracted from the image.")
+	fs.BoolVar(&f.dryRun, "dry-run", false, "Run modprobe -n -S <kernel> and treat --host-root as a sandbox directory (which must not be /).")
+	fs.StringVar(&f.logLevel, "log-level", "info", "Log level: debug, info, warn or error.")
+	fs.BoolVar(&f.logConsole, "log-console", false, "Log human-readable text instead of JSON.")
+
+	var action string
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		action, args = args[0], args[1:]
+	}
+	if err := fs.Parse(args); err != nil {
+		return f, err
+	}
+	if action == "" && fs.NArg() > 0 {
+		action = fs.Arg(0)
+	} else if fs.NArg() > 0 {
+		return f, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	f.action = worker.Action(action)
+	return f, f.check()
+}
+
+func (f flags) check() error {
+	switch {
+	case f.action != worker.ActionLoad && f.action != worker.ActionUnload:
+		return fmt.Errorf("the action must be load or unload, got %q", f.action)
+	case f.config == "":
+		return errors.New("--config is required")
+	case f.dryRun && filepath.Clean(f.hostRoot) == "/":
+		return errors.New("--dry-run needs --host-root pointing at a sandbox directory, not /")
+	}
+	return nil
+}
+
+// run is the whole command; it returns the exit status.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	f, err := parseFlags(args, stderr)
+	if err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			_, _ = fmt.Fprintln(stderr, "worker:", err)
+		}
+		return exitUsage
+	}
+	log, err := logging.New(stderr, f.logLevel, f.logConsole)
+	if err != nil {
+		_, _ = fmt.Fprintln(stderr, "worker:", err)
+		return exitUsage
+	}
+	res := execute(ctx, f, log)
+	data, err := res.Marshal()
+	if err == nil {
+		err = os.WriteFile(f.terminationLog, data, 0o644) // #nosec G306 -- the kubelet reads it; it holds no secret
+	}
+	if err != nil {
+		_, _ = fmt.Fprintln(stderr, "worker: writing the result:", err)
+		return exitResultWrite
+	}
+	_, _ = fmt.Fprintln(stdout, string(data))
+	if res.Outcome != worker.OutcomeSucceeded {
+		return exitFailed
+	}
+	return exitSucceeded
+}
+
+// execute reads the config and pull secret, builds the worker and runs the action.
+func execute(ctx context.Context, f flags, log logr.Logger) worker.Result {
+	cfg, err := worker.ReadConfig(f.config)
+	if err != nil {
+		return worker.Failure(f.action, worker.Config{}, err)
+	}
+	kc, err := worker.ReadKeychain(f.pullSecret)
+	if err != nil {
+		return worker.Failure(f.action, cfg, &worker.Error{Reason: worker.ReasonImagePull, Err: err})
+	}
+	host := worker.NewNodeHost(f.hostRoot)
+	if f.dryRun {
+		host = worker.NewSandboxHost(f.hostRoot)
+	}
+	w, err := worker.New(worker.Options{
+		CacheDir:        f.cacheDir,
+		Keychain:        kc,
+		MaxExtractBytes: f.maxBytes,
+		DryRun:          f.dryRun,
+		Modprobe:        worker.ExecModprobe{Path: f.modprobe},
+		Host:            host,
+		Log:             log,
+	})
+	if err != nil {
+		return worker.Failure(f.action, cfg, err)
+	}
+	return w.Run(ctx, f.action, cfg)
+}

@@ -1,0 +1,111 @@
+package worker
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+)
+
+// ArgvOptions is what the modprobe command lines need besides the ModuleConfig.
+type ArgvOptions struct {
+	// Root is the absolute directory passed to modprobe -d: the extracted image's dirName, which
+	// holds lib/modules/<kernel>.
+	Root string
+	// SoftdepFile is a modprobe.d-style file passed with -C, or "" for none.
+	SoftdepFile string
+	// DryRun adds -n (print, do not act) and -S <kernel> (use the config's kernel, not uname -r).
+	DryRun bool
+}
+
+// dryRunPrefix is prepended to every command line in dry-run mode.
+func dryRunPrefix(kernel string, dryRun bool) []string {
+	if !dryRun {
+		return nil
+	}
+	return []string{"-n", "-S", kernel}
+}
+
+// LoadArgs returns modprobe's arguments (without the program name) to load the module:
+// `-v -d <root> [-C <softdep>] [args.load...] <moduleName> [parameters...]`, or rawArgs.load as they
+// are when set, which replace everything after "modprobe" as upstream does.
+func LoadArgs(mc kmmv1beta1.ModuleConfig, o ArgvOptions) ([]string, error) {
+	args := dryRunPrefix(mc.KernelVersion, o.DryRun)
+	mp := mc.Modprobe
+	if mp.RawArgs != nil && len(mp.RawArgs.Load) > 0 {
+		return append(args, mp.RawArgs.Load...), nil
+	}
+	if mp.ModuleName == "" {
+		return nil, errors.New("neither modprobe.moduleName nor modprobe.rawArgs.load is set: nothing to load")
+	}
+	args = append(args, "-v", "-d", o.Root)
+	if o.SoftdepFile != "" {
+		args = append(args, "-C", o.SoftdepFile)
+	}
+	if mp.Args != nil {
+		args = append(args, mp.Args.Load...)
+	}
+	args = append(args, mp.ModuleName)
+	return append(args, mp.Parameters...), nil
+}
+
+// UnloadArgs returns modprobe's arguments to unload the module: `-r -v -d <root> [args.unload...]`
+// followed by the modulesLoadingOrder entries in order (or moduleName), or rawArgs.unload as they are.
+func UnloadArgs(mc kmmv1beta1.ModuleConfig, o ArgvOptions) ([]string, error) {
+	args := dryRunPrefix(mc.KernelVersion, o.DryRun)
+	mp := mc.Modprobe
+	if mp.RawArgs != nil && len(mp.RawArgs.Unload) > 0 {
+		return append(args, mp.RawArgs.Unload...), nil
+	}
+	if mp.ModuleName == "" {
+		return nil, errors.New("neither modprobe.moduleName nor modprobe.rawArgs.unload is set: nothing to unload")
+	}
+	args = append(args, "-r", "-v", "-d", o.Root)
+	if mp.Args != nil {
+		args = append(args, mp.Args.Unload...)
+	}
+	if len(mp.ModulesLoadingOrder) > 0 {
+		return append(args, mp.ModulesLoadingOrder...), nil
+	}
+	return append(args, mp.ModuleName), nil
+}
+
+// InTreeRemoveArgs returns modprobe's arguments to remove an in-tree module: `-r -v <module>`,
+// without -d, so that modprobe uses the node's own module tree.
+func InTreeRemoveArgs(module, kernel string, dryRun bool) []string {
+	return append(dryRunPrefix(kernel, dryRun), "-r", "-v", module)
+}
+
+// SoftdepConfig returns the modprobe.d lines that make each entry of order load after the next
+// one ("softdep A pre: B"), or "" when order has fewer than two entries.
+func SoftdepConfig(order []string) string {
+	if len(order) < 2 {
+		return ""
+	}
+	var b strings.Builder
+	for i := 0; i+1 < len(order); i++ {
+		fmt.Fprintf(&b, "softdep %s pre: %s\n", order[i], order[i+1])
+	}
+	return b.String()
+}
+
+// classifyModprobe turns modprobe's standard error into a failure class.
+func classifyModprobe(stderr string) Reason {
+	s := strings.ToLower(stderr)
+	switch {
+	case strings.Contains(s, "in use"), strings.Contains(s, "resource busy"), strings.Contains(s, "resource temporarily unavailable"):
+		return ReasonBusy
+	case strings.Contains(s, "not found"):
+		return ReasonNotFound
+	default:
+		return ReasonOther
+	}
+}
+
+// notLoaded reports whether a failed `modprobe -r` said the module is not loaded (or not known at
+// all, which also means it is not loaded), which in-tree module removal ignores.
+func notLoaded(stderr string) bool {
+	s := strings.ToLower(stderr)
+	return strings.Contains(s, "not found") || strings.Contains(s, "is not in kernel") || strings.Contains(s, "not currently loaded")
+}

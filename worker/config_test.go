@@ -1,0 +1,131 @@
+package worker
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+const jsonConfig = `{"namespace":"ns","name":"m","setFirmwareClassPath":true,
+ "config":{"kernelVersion":"6.1.0-k","containerImage":"reg/kmod:v1","imagePullPolicy":"Always",
+  "registryTLS":{"insecureSkipTLSVerify":true},"inTreeModulesToRemove":["ice"],
+  "modprobe":{"moduleName":"a","dirName":"/opt","parameters":["p=1"],"modulesLoadingOrder":["a","b"],"firmwarePath":"/firmware"}}}`
+
+const yamlConfig = `namespace: ns
+name: m
+setFirmwareClassPath: true
+config:
+  kernelVersion: 6.1.0-k
+  containerImage: reg/kmod:v1
+  imagePullPolicy: Always
+  registryTLS: {insecureSkipTLSVerify: true}
+  inTreeModulesToRemove: [ice]
+  modprobe:
+    moduleName: a
+    dirName: /opt
+    parameters: ["p=1"]
+    modulesLoadingOrder: [a, b]
+    firmwarePath: /firmware
+`
+
+func TestParseConfigJSONAndYAML(t *testing.T) {
+	for name, in := range map[string]string{"json": jsonConfig, "yaml": yamlConfig} {
+		cfg, err := ParseConfig([]byte(in))
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		mc := cfg.Config
+		if cfg.ModuleID() != "ns/m" || !cfg.SetFirmwareClassPath || mc.ImagePullPolicy != "Always" || !mc.RegistryTLS.InsecureSkipTLSVerify ||
+			mc.Modprobe.ModulesLoadingOrder[1] != "b" || mc.InTreeModulesToRemove[0] != "ice" || firmwareDir(mc) != "firmware" {
+			t.Errorf("%s: decoded %+v", name, cfg)
+		}
+		if kernelDir(mc) != "opt/lib/modules/6.1.0-k" || cfg.firmwareHostPath() != DefaultFirmwareHostPath {
+			t.Errorf("%s: kernelDir %q, firmware host path %q", name, kernelDir(mc), cfg.firmwareHostPath())
+		}
+	}
+}
+
+func TestParseConfigRejects(t *testing.T) {
+	cases := map[string]struct{ in, want string }{
+		"empty":             {"  \n", "the config is empty"},
+		"not JSON":          {`{"namespace": "ns", `, "malformed config"},
+		"wrong type":        {`{"namespace": {"a": 1}}`, "malformed config"},
+		"unknown field":     {`{"namespace":"ns","name":"m","colour":"red","config":{}}`, `unknown field "colour"`},
+		"missing image":     {`{"namespace":"ns","name":"m","config":{"kernelVersion":"k","modprobe":{"moduleName":"a"}}}`, "containerImage is required"},
+		"missing kernel":    {`{"namespace":"ns","name":"m","config":{"containerImage":"i","modprobe":{"moduleName":"a"}}}`, "kernelVersion is required"},
+		"missing module":    {`{"namespace":"ns","name":"m","config":{"kernelVersion":"k","containerImage":"i","modprobe":{}}}`, "moduleName is required"},
+		"missing name":      {`{"config":{"kernelVersion":"k","containerImage":"i","modprobe":{"moduleName":"a"}}}`, "namespace and name"},
+		"kernel with slash": {`{"namespace":"ns","name":"m","config":{"kernelVersion":"../../etc","containerImage":"i","modprobe":{"moduleName":"a"}}}`, "is not a kernel version"},
+		"firmware root":     {`{"namespace":"ns","name":"m","config":{"kernelVersion":"k","containerImage":"i","modprobe":{"moduleName":"a","firmwarePath":"/"}}}`, "firmwarePath must be a directory"},
+		"order":             {`{"namespace":"ns","name":"m","config":{"kernelVersion":"k","containerImage":"i","modprobe":{"moduleName":"a","modulesLoadingOrder":["b","a"]}}}`, "must equal moduleName"},
+	}
+	for name, tc := range cases {
+		_, err := ParseConfig([]byte(tc.in))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: error = %v, want it to contain %q", name, err, tc.want)
+		}
+	}
+}
+
+func TestReadConfig(t *testing.T) {
+	dir := t.TempDir()
+	f := filepath.Join(dir, "config")
+	if err := os.WriteFile(f, []byte(yamlConfig), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ReadConfig(f); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ReadConfig(filepath.Join(dir, "missing")); err == nil || !strings.Contains(err.Error(), "reading the config file") {
+		t.Errorf("missing file: %v", err)
+	}
+	if err := os.WriteFile(f, []byte("{"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ReadConfig(f); err == nil || !strings.Contains(err.Error(), f) {
+		t.Errorf("malformed file: error %v should name the file", err)
+	}
+}
+
+func TestParseKeychain(t *testing.T) {
+	cases := map[string]string{
+		"dockerconfigjson": `{"auths":{"https://reg.example:5000/v1/":{"auth":"dXNlcjpwYXNz"}}}`,
+		"dockercfg":        `{"reg.example:5000":{"username":"user","password":"pass"}}`,
+	}
+	for name, in := range cases {
+		kc, err := ParseKeychain([]byte(in))
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		auth, err := kc.Resolve(mustRegistry(t, "reg.example:5000"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := auth.Authorization()
+		if err != nil || cfg.Username != "user" || cfg.Password != "pass" {
+			t.Errorf("%s: credentials %+v, %v", name, cfg, err)
+		}
+		other, _ := kc.Resolve(mustRegistry(t, "other.example"))
+		if cfg, _ := other.Authorization(); cfg.Username != "" {
+			t.Errorf("%s: another registry got credentials %+v", name, cfg)
+		}
+	}
+	if _, err := ParseKeychain([]byte(`{"auths":`)); err == nil || !strings.Contains(err.Error(), "malformed pull secret") {
+		t.Errorf("malformed secret: %v", err)
+	}
+	if _, err := ReadKeychain(filepath.Join(t.TempDir(), "missing")); err == nil || !strings.Contains(err.Error(), "reading the pull secret") {
+		t.Errorf("missing secret: %v", err)
+	}
+}
+
+func TestRegistryHost(t *testing.T) {
+	for in, want := range map[string]string{
+		"https://index.docker.io/v1/": "index.docker.io", "docker.io": "index.docker.io", "quay.io": "quay.io",
+		"http://reg:5000": "reg:5000", "reg:5000/path": "reg:5000",
+	} {
+		if got := registryHost(in); got != want {
+			t.Errorf("registryHost(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -1,0 +1,108 @@
+package worker
+
+import (
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
+)
+
+// Error is a worker failure with its class. Stderr holds modprobe's standard error when a modprobe
+// run failed.
+type Error struct {
+	// Reason is the failure class.
+	Reason Reason
+	// Err is what went wrong.
+	Err error
+	// Stderr is modprobe's standard error, when the failure is a modprobe run.
+	Stderr string
+}
+
+// Error returns the message of the underlying error.
+func (e *Error) Error() string { return e.Err.Error() }
+
+// Unwrap returns the underlying error.
+func (e *Error) Unwrap() error { return e.Err }
+
+// classified wraps err with reason unless it is already classified.
+func classified(reason Reason, err error) error {
+	if err == nil {
+		return nil
+	}
+	var we *Error
+	if errors.As(err, &we) {
+		return err
+	}
+	return &Error{Reason: reason, Err: err}
+}
+
+// errorf builds a classified error from a format.
+func errorf(reason Reason, format string, args ...any) error {
+	return &Error{Reason: reason, Err: fmt.Errorf(format, args...)}
+}
+
+// ReasonOf returns the class of err: the Reason of the first *Error in its chain, else ReasonOther.
+func ReasonOf(err error) Reason {
+	var we *Error
+	if errors.As(err, &we) {
+		return we.Reason
+	}
+	return ReasonOther
+}
+
+// stderrOf returns the modprobe stderr recorded in err's chain, if any.
+func stderrOf(err error) string {
+	var we *Error
+	if errors.As(err, &we) {
+		return we.Stderr
+	}
+	return ""
+}
+
+// pullError classifies a registry error as ImagePull with a message that says what kind of problem
+// it is (authentication, TLS, missing image) before the library's own text.
+func pullError(image string, err error) error {
+	return &Error{Reason: ReasonImagePull, Err: fmt.Errorf("pulling %s: %s: %w", image, describePullError(err), err)}
+}
+
+// describePullError names the kind of registry failure err is.
+func describePullError(err error) string {
+	// TLS first: with a loopback or RFC 1918 registry, go-containerregistry also tries plain HTTP
+	// and reports both failures, and the HTTP one is rarely the interesting one.
+	var uerr x509.UnknownAuthorityError
+	var herr x509.HostnameError
+	var cerr x509.CertificateInvalidError
+	if errors.As(err, &uerr) || errors.As(err, &herr) || errors.As(err, &cerr) || strings.Contains(err.Error(), "x509:") {
+		return "TLS certificate of the registry not trusted (registryTLS.insecureSkipTLSVerify skips the check)"
+	}
+	var terr *transport.Error
+	if errors.As(err, &terr) {
+		switch {
+		case terr.StatusCode == http.StatusUnauthorized || terr.StatusCode == http.StatusForbidden:
+			return "authentication failed (check the pull secret)"
+		case terr.StatusCode == http.StatusNotFound || hasDiagnostic(terr, transport.ManifestUnknownErrorCode, transport.NameUnknownErrorCode, transport.BlobUnknownErrorCode):
+			return "image not found"
+		case hasDiagnostic(terr, transport.UnauthorizedErrorCode, transport.DeniedErrorCode):
+			return "authentication failed (check the pull secret)"
+		}
+		return fmt.Sprintf("registry error (HTTP %d)", terr.StatusCode)
+	}
+	if strings.Contains(err.Error(), "basic credential not found") || strings.Contains(err.Error(), "UNAUTHORIZED") {
+		return "authentication failed (check the pull secret)"
+	}
+	return "registry unreachable or refused the request"
+}
+
+func hasDiagnostic(terr *transport.Error, codes ...transport.ErrorCode) bool {
+	for _, d := range terr.Errors {
+		for _, c := range codes {
+			if d.Code == c {
+				return true
+			}
+		}
+	}
+	return false
+}

@@ -1,0 +1,100 @@
+package worker
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+func TestResultRoundTrip(t *testing.T) {
+	in := Result{Action: ActionLoad, Namespace: "ns", Name: "m", KernelModule: "kmm_a", Kernel: "6.1.0", BootID: "b",
+		ImageDigest: "sha256:" + strings.Repeat("a", 64), FromCache: true, Outcome: OutcomeSucceeded}
+	data, err := in.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"action":"load","namespace":"ns","name":"m","kernelModule":"kmm_a","kernel":"6.1.0","bootID":"b","imageDigest":"sha256:` +
+		strings.Repeat("a", 64) + `","fromCache":true,"outcome":"Succeeded"}`
+	if string(data) != want {
+		t.Errorf("JSON (a contract with the operator) changed:\n got %s\nwant %s", data, want)
+	}
+	out, err := ParseResult(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out != in {
+		t.Errorf("round trip: got %+v, want %+v", out, in)
+	}
+}
+
+func TestResultMarshalStaysUnderTheTerminationMessageLimit(t *testing.T) {
+	// Control characters grow sixfold in JSON (\u0001), and stderr can be long.
+	hostile := strings.Repeat("\x01é", 5000) + "modprobe: FATAL: the last line"
+	r := Result{Action: ActionUnload, Namespace: strings.Repeat("n", 63), Name: strings.Repeat("m", 253), Kernel: "6.1.0",
+		Outcome: OutcomeFailed, Reason: ReasonBusy, Message: strings.Repeat("\x02", 3000), Stderr: hostile}
+	data, err := r.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(data) > MaxResultBytes {
+		t.Fatalf("encoded result is %d bytes, more than %d", len(data), MaxResultBytes)
+	}
+	got, err := ParseResult(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasSuffix(got.Stderr, "modprobe: FATAL: the last line") || !utf8.ValidString(got.Stderr) {
+		t.Errorf("stderr should keep its valid UTF-8 tail, got %q", got.Stderr)
+	}
+	if got.Reason != ReasonBusy || got.Name != r.Name {
+		t.Errorf("shortening lost fields: %+v", got)
+	}
+}
+
+func TestResultStderrTailIsAbout2KiB(t *testing.T) {
+	r := Result{Action: ActionLoad, Namespace: "n", Name: "m", Outcome: OutcomeFailed, Reason: ReasonOther, Stderr: strings.Repeat("x", 10000) + "END"}
+	data, _ := r.Marshal()
+	got, _ := ParseResult(data)
+	if len(got.Stderr) != maxStderrBytes || !strings.HasSuffix(got.Stderr, "END") {
+		t.Errorf("stderr is %d bytes (want %d, ending in END)", len(got.Stderr), maxStderrBytes)
+	}
+}
+
+func TestParseResultRejects(t *testing.T) {
+	cases := map[string]string{
+		"not JSON":             `modprobe: FATAL`,
+		"unknown action":       `{"action":"reload","namespace":"n","name":"m","outcome":"Succeeded"}`,
+		"unknown outcome":      `{"action":"load","namespace":"n","name":"m","outcome":"Maybe"}`,
+		"failed without class": `{"action":"load","namespace":"n","name":"m","outcome":"Failed"}`,
+		"unknown class":        `{"action":"load","namespace":"n","name":"m","outcome":"Failed","reason":"Weird"}`,
+		"success with class":   `{"action":"load","namespace":"n","name":"m","outcome":"Succeeded","reason":"Busy"}`,
+		"success for nobody":   `{"action":"load","outcome":"Succeeded"}`,
+	}
+	for name, in := range cases {
+		if _, err := ParseResult([]byte(in)); err == nil {
+			t.Errorf("%s: ParseResult(%s) accepted it", name, in)
+		}
+	}
+	if _, err := ParseResult([]byte(`{"action":"load","namespace":"n","name":"m","outcome":"Succeeded","newField":1}`)); err != nil {
+		t.Errorf("unknown fields must be ignored for forward compatibility: %v", err)
+	}
+}
+
+func TestReasonOf(t *testing.T) {
+	inner := &Error{Reason: ReasonBusy, Err: errors.New("in use"), Stderr: "FATAL"}
+	wrapped := fmt.Errorf("unloading: %w", inner)
+	if ReasonOf(wrapped) != ReasonBusy || stderrOf(wrapped) != "FATAL" {
+		t.Errorf("wrapped classified error lost its class or stderr")
+	}
+	if ReasonOf(errors.New("plain")) != ReasonOther {
+		t.Errorf("an unclassified error is Other")
+	}
+	if got := ReasonOf(classified(ReasonImagePull, wrapped)); got != ReasonBusy {
+		t.Errorf("classified must not override an existing class, got %s", got)
+	}
+	if classified(ReasonOther, nil) != nil {
+		t.Errorf("classified(nil) must be nil")
+	}
+}

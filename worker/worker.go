@@ -1,0 +1,339 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/go-logr/logr"
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	corev1 "k8s.io/api/core/v1"
+
+	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+)
+
+// Options configure a Worker.
+type Options struct {
+	// CacheDir is the digest-keyed image cache (a host path in production). Required.
+	CacheDir string
+	// Keychain gives registry credentials; nil means anonymous (see ReadKeychain).
+	Keychain authn.Keychain
+	// Transport is the base HTTP transport to registries; nil means go-containerregistry's default.
+	Transport http.RoundTripper
+	// MaxExtractBytes caps the file bytes extracted from one image; 0 means DefaultMaxExtractBytes.
+	MaxExtractBytes int64
+	// DryRun runs modprobe with -n and -S <kernel>: it resolves modules and prints what it would
+	// do without loading anything. Use it with a sandbox Host.
+	DryRun bool
+	// Modprobe runs modprobe. Required.
+	Modprobe Modprobe
+	// Host is the node's filesystem. Required.
+	Host Host
+	// TempDir holds short-lived files such as the softdep config; "" means os.TempDir().
+	TempDir string
+	// Log receives one line per step; the zero value discards.
+	Log logr.Logger
+}
+
+// Worker loads and unloads one module per Run.
+type Worker struct {
+	opts Options
+}
+
+// New checks opts and returns a Worker.
+func New(opts Options) (*Worker, error) {
+	switch {
+	case opts.CacheDir == "":
+		return nil, errors.New("a cache directory is required")
+	case opts.Modprobe == nil:
+		return nil, errors.New("a modprobe runner is required")
+	case opts.Host == nil:
+		return nil, errors.New("a host is required")
+	}
+	if opts.Keychain == nil {
+		opts.Keychain = staticKeychain{}
+	}
+	if opts.MaxExtractBytes <= 0 {
+		opts.MaxExtractBytes = DefaultMaxExtractBytes
+	}
+	return &Worker{opts: opts}, nil
+}
+
+// Run carries out action for cfg and reports what happened. It never panics on bad input: every
+// failure is a Failed Result with a Reason.
+func (w *Worker) Run(ctx context.Context, action Action, cfg Config) Result {
+	res := baseResult(action, cfg)
+	err := w.run(ctx, action, cfg, &res)
+	return finish(res, err)
+}
+
+// Failure is the Result of a run that could not start, e.g. because its config or pull secret
+// could not be read; cfg may be the zero Config. An unclassified err counts as ReasonOther.
+func Failure(action Action, cfg Config, err error) Result {
+	return finish(baseResult(action, cfg), classified(ReasonOther, err))
+}
+
+func baseResult(action Action, cfg Config) Result {
+	return Result{
+		Action:       action,
+		Namespace:    cfg.Namespace,
+		Name:         cfg.Name,
+		KernelModule: cfg.Config.Modprobe.ModuleName,
+		Version:      cfg.Config.Version,
+		Kernel:       cfg.Config.KernelVersion,
+	}
+}
+
+// finish sets the outcome of res from err.
+func finish(res Result, err error) Result {
+	if err == nil {
+		res.Outcome = OutcomeSucceeded
+		return res
+	}
+	res.Outcome = OutcomeFailed
+	res.Reason = ReasonOf(err)
+	res.Message = err.Error()
+	res.Stderr = stderrOf(err)
+	return res
+}
+
+func (w *Worker) run(ctx context.Context, action Action, cfg Config, res *Result) error {
+	if action != ActionLoad && action != ActionUnload {
+		return errorf(ReasonOther, "unknown action %q: use load or unload", action)
+	}
+	if err := cfg.Validate(); err != nil {
+		return classified(ReasonOther, err)
+	}
+	log := w.opts.Log.WithValues("module", cfg.ModuleID(), "kernel", cfg.Config.KernelVersion, "action", action)
+	bootID, err := w.opts.Host.BootID()
+	if err != nil {
+		return classified(ReasonOther, err)
+	}
+	res.BootID = bootID
+	log.Info("Fetching the kmod image", "image", cfg.Config.ContainerImage, "pullPolicy", cfg.Config.ImagePullPolicy)
+	img, err := w.fetch(ctx, cfg.Config)
+	if err != nil {
+		return err
+	}
+	res.ImageDigest, res.FromCache = img.digest.String(), img.fromCache
+	log = log.WithValues("digest", res.ImageDigest)
+	log.Info("Image ready", "fromCache", img.fromCache, "root", img.root)
+	if action == ActionLoad {
+		return w.load(ctx, log, cfg, img.root)
+	}
+	return w.unload(ctx, log, cfg, img.root)
+}
+
+// fetched is an image in the cache.
+type fetched struct {
+	digest    v1.Hash
+	root      string
+	fromCache bool
+}
+
+// fetch makes sure the image's wanted subtrees are in the cache, asking the registry only when the
+// digest is unknown (or imagePullPolicy is Always) or the entry is missing.
+func (w *Worker) fetch(ctx context.Context, mc kmmv1beta1.ModuleConfig) (fetched, error) {
+	reg, err := newRegistryClient(ctx, mc, w.opts.Keychain, w.opts.Transport)
+	if err != nil {
+		return fetched{}, err
+	}
+	c, key := cache{dir: w.opts.CacheDir}, extractKey(mc)
+	d, known, err := knownDigest(reg, c, mc.ImagePullPolicy)
+	if err != nil {
+		return fetched{}, err
+	}
+	if known && c.has(d, key) {
+		return fetched{digest: d, root: c.entry(d, key), fromCache: true}, nil
+	}
+	if mc.ImagePullPolicy == corev1.PullNever {
+		return fetched{}, &Error{Reason: ReasonImagePull, Err: fmt.Errorf("%s: %w", mc.ContainerImage, errNotCached)}
+	}
+	d, img, err := reg.get()
+	if err != nil {
+		return fetched{}, err
+	}
+	out := fetched{digest: d, root: c.entry(d, key), fromCache: c.has(d, key)}
+	if !out.fromCache {
+		spec := extractSpec{
+			Filter:      newFilter(mc),
+			KernelDir:   kernelDir(mc),
+			FirmwareDir: firmwareDir(mc),
+			MaxBytes:    w.opts.MaxExtractBytes,
+		}
+		if err := c.fill(ctx, d, key, img, spec); err != nil {
+			return fetched{}, classified(ReasonOther, fmt.Errorf("extracting %s: %w", mc.ContainerImage, err))
+		}
+	}
+	if _, isTag := reg.ref.(name.Tag); isTag {
+		if err := c.recordRef(reg.ref.Name(), d); err != nil {
+			w.opts.Log.Error(err, "Could not record the image digest; the next run will ask the registry again")
+		}
+	}
+	return out, nil
+}
+
+// knownDigest returns the digest of the reference when it is known without downloading the
+// manifest: from a digest reference, from a HEAD request with imagePullPolicy Always, or from the
+// cache's record of the tag.
+func knownDigest(reg *registryClient, c cache, policy corev1.PullPolicy) (v1.Hash, bool, error) {
+	if dg, ok := reg.ref.(name.Digest); ok {
+		h, err := v1.NewHash(dg.DigestStr())
+		return h, err == nil, nil
+	}
+	if policy == corev1.PullAlways {
+		h, err := reg.head()
+		return h, err == nil, err
+	}
+	h, ok := c.lookupRef(reg.ref.Name())
+	return h, ok, nil
+}
+
+// newFilter selects the kernel directory and the firmware directory of mc.
+func newFilter(mc kmmv1beta1.ModuleConfig) filter {
+	f := filter{Dirs: []string{kernelDir(mc)}}
+	if fw := firmwareDir(mc); fw != "" {
+		f.Dirs = append(f.Dirs, fw)
+	}
+	return f
+}
+
+func (w *Worker) load(ctx context.Context, log logr.Logger, cfg Config, root string) error {
+	mc := cfg.Config
+	for _, m := range mc.InTreeModulesToRemove {
+		if err := w.removeInTree(ctx, log, m, mc.KernelVersion); err != nil {
+			return err
+		}
+	}
+	if err := w.installFirmware(log, cfg, root); err != nil {
+		return err
+	}
+	softdep, cleanup, err := w.writeSoftdep(mc.Modprobe.ModulesLoadingOrder)
+	if err != nil {
+		return classified(ReasonOther, err)
+	}
+	defer cleanup()
+	args, err := LoadArgs(mc, ArgvOptions{Root: filepath.Join(root, modulesRoot(mc)), SoftdepFile: softdep, DryRun: w.opts.DryRun})
+	if err != nil {
+		return classified(ReasonOther, err)
+	}
+	log.Info("Loading the module", "args", args)
+	return w.modprobe(ctx, log, args)
+}
+
+func (w *Worker) unload(ctx context.Context, log logr.Logger, cfg Config, root string) error {
+	mc := cfg.Config
+	args, err := UnloadArgs(mc, ArgvOptions{Root: filepath.Join(root, modulesRoot(mc)), DryRun: w.opts.DryRun})
+	if err != nil {
+		return classified(ReasonOther, err)
+	}
+	log.Info("Unloading the module", "args", args)
+	if err := w.modprobe(ctx, log, args); err != nil {
+		return err
+	}
+	fw := firmwareDir(mc)
+	if fw == "" {
+		return nil
+	}
+	return withFS(root, fw, func(src fs.FS) error {
+		log.Info("Removing firmware", "dir", cfg.firmwareHostPath())
+		return classified(ReasonOther, w.opts.Host.RemoveFirmware(src, cfg.firmwareHostPath()))
+	})
+}
+
+// removeInTree removes an in-tree module, treating "not loaded" as done.
+func (w *Worker) removeInTree(ctx context.Context, log logr.Logger, module, kernel string) error {
+	args := InTreeRemoveArgs(module, kernel, w.opts.DryRun)
+	log.Info("Removing an in-tree module", "name", module, "args", args)
+	_, stderr, err := w.opts.Modprobe.Run(ctx, args)
+	if err != nil && notLoaded(string(stderr)) {
+		log.Info("The in-tree module is not loaded", "name", module)
+		return nil
+	}
+	if err != nil {
+		return modprobeError(fmt.Sprintf("removing in-tree module %s", module), args, stderr, err)
+	}
+	return nil
+}
+
+// installFirmware copies the image's firmware to the host and sets the kernel's lookup path.
+func (w *Worker) installFirmware(log logr.Logger, cfg Config, root string) error {
+	fw := firmwareDir(cfg.Config)
+	if fw == "" {
+		return nil
+	}
+	dest := cfg.firmwareHostPath()
+	return withFS(root, fw, func(src fs.FS) error {
+		log.Info("Installing firmware", "from", "/"+fw, "to", dest)
+		if err := w.opts.Host.InstallFirmware(src, dest); err != nil {
+			return classified(ReasonOther, err)
+		}
+		if !cfg.SetFirmwareClassPath {
+			return nil
+		}
+		log.Info("Setting the firmware lookup path", "path", dest)
+		return classified(ReasonOther, w.opts.Host.SetFirmwareClassPath(dest))
+	})
+}
+
+// withFS calls fn with the directory dir of the extraction root, as a file system whose links
+// resolve only inside the extraction root.
+func withFS(root, dir string, fn func(fs.FS) error) error {
+	r, err := os.OpenRoot(root)
+	if err != nil {
+		return classified(ReasonOther, err)
+	}
+	defer r.Close() //nolint:errcheck // read-only handle
+	sub, err := fs.Sub(r.FS(), dir)
+	if err != nil {
+		return classified(ReasonOther, err)
+	}
+	return fn(sub)
+}
+
+// writeSoftdep writes the softdep config of a modulesLoadingOrder, if it has more than one entry.
+func (w *Worker) writeSoftdep(order []string) (string, func(), error) {
+	content := SoftdepConfig(order)
+	if content == "" {
+		return "", func() {}, nil
+	}
+	dir, err := os.MkdirTemp(w.opts.TempDir, "kmm-modprobe.d-")
+	if err != nil {
+		return "", nil, fmt.Errorf("writing the softdep config: %w", err)
+	}
+	cleanup := func() { _ = os.RemoveAll(dir) }
+	file := filepath.Join(dir, "softdep.conf")
+	if err := os.WriteFile(file, []byte(content), 0o600); err != nil {
+		cleanup()
+		return "", nil, fmt.Errorf("writing the softdep config: %w", err)
+	}
+	return file, cleanup, nil
+}
+
+func (w *Worker) modprobe(ctx context.Context, log logr.Logger, args []string) error {
+	stdout, stderr, err := w.opts.Modprobe.Run(ctx, args)
+	if len(stdout) > 0 {
+		log.Info("modprobe output", "stdout", strings.TrimSpace(string(stdout)))
+	}
+	if err != nil {
+		return modprobeError("modprobe failed", args, stderr, err)
+	}
+	return nil
+}
+
+// modprobeError classifies a failed modprobe run by its standard error, whose last line ends the message.
+func modprobeError(what string, args []string, stderr []byte, err error) error {
+	msg := fmt.Sprintf("%s: modprobe %s: %v", what, strings.Join(args, " "), err)
+	lines := strings.Split(strings.TrimSpace(string(stderr)), "\n")
+	if last := strings.TrimSpace(lines[len(lines)-1]); last != "" {
+		msg += ": " + last
+	}
+	return &Error{Reason: classifyModprobe(string(stderr)), Err: errors.New(msg), Stderr: string(stderr)}
+}
