@@ -36,7 +36,25 @@ func deriveLoading(f *Facts) (Trigger, bool) {
 	if f.Worker.Phase == PodRunning || !f.nodeUsable() {
 		return "", false
 	}
+	if f.Status.Config != nil && f.rebootedByBootID() {
+		return NodeRebooted, true // the config kept from before is certainly not loaded any more
+	}
+	if t, ok := unloadFirst(f); ok {
+		return t, true
+	}
 	return specWithdrawn(f)
+}
+
+// unloadFirst is rule 4 for a pair that may still have an old config loaded (a reload after a
+// Ready flap keeps the record): a different or removed spec unloads it before anything loads.
+func unloadFirst(f *Facts) (Trigger, bool) {
+	if !f.needsUnload() || !f.statusKernelMatches() {
+		return "", false
+	}
+	if f.Spec == nil {
+		return SpecRemoved, true
+	}
+	return SpecChanged, true
 }
 
 // specWithdrawn reports that no load can happen: no spec entry, or not for this kernel.
@@ -53,6 +71,9 @@ func specWithdrawn(f *Facts) (Trigger, bool) {
 func deriveLoadBackOff(f *Facts) (Trigger, bool) {
 	if !f.nodeUsable() {
 		return "", false
+	}
+	if t, ok := unloadFirst(f); ok {
+		return t, true
 	}
 	if t, ok := specWithdrawn(f); ok {
 		return t, true
@@ -139,7 +160,9 @@ func deriveUpgrading(f *Facts) (Trigger, bool) {
 	switch {
 	case f.specKernelMatches():
 		return SpecSet, true
-	case f.Spec == nil && f.Node.UpgradeTarget == "":
+	case f.Spec == nil && (f.Node.UpgradeTarget == "" || f.Node.WorkerPodVersion == f.Node.UpgradeTarget):
+		// No version requested, or the worker may load the target and still no entry came: no
+		// mapping for this kernel, or the Module is at another version.
 		return UpgradeAbandoned, true
 	}
 	return "", false

@@ -39,8 +39,11 @@ type Node struct {
 	BootID string
 	// ReadySince is the last transition time of the Ready condition.
 	ReadySince time.Time
-	// UpgradeTarget is the value of the module's version-module label, "" when absent.
+	// UpgradeTarget is the value of the module's version-module label, "" when absent or when the
+	// Module no longer exists (a deleted Module has nothing to upgrade to).
 	UpgradeTarget string
+	// WorkerPodVersion is the value of the module's version-worker-pod label, "" when absent.
+	WorkerPodVersion string
 }
 
 // WorkerPhase is what became of a worker pod.

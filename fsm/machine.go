@@ -56,7 +56,8 @@ const (
 	UpgradeRequested Trigger = "UpgradeRequested"
 	// DevicePluginGone: no device plugin pod of the module runs on the node any more.
 	DevicePluginGone Trigger = "DevicePluginGone"
-	// UpgradeAbandoned: an upgrade waiting for the new version's spec entry is no longer requested.
+	// UpgradeAbandoned: an upgrade waiting for the new version's spec entry cannot go on: no version
+	// is requested any more, or the worker-pod label is at the target and still no entry exists.
 	UpgradeAbandoned Trigger = "UpgradeAbandoned"
 )
 
@@ -119,14 +120,23 @@ func Configure(sm *stateless.StateMachine) {
 	sm.Configure(Loading).
 		Permit(WorkerSucceeded, Loaded).
 		Permit(WorkerFailed, LoadBackOff).
-		Permit(SpecRemoved, Absent).
-		Permit(KernelChanged, Absent)
+		PermitReentry(NodeRebooted).
+		Permit(SpecRemoved, Absent, nothingLoadedHere).
+		Permit(SpecRemoved, DevicePluginDraining, loadedHereWithDevicePlugin).
+		Permit(SpecRemoved, Unloading, loadedHereWithoutDevicePlugin).
+		Permit(SpecChanged, DevicePluginDraining, loadedHereWithDevicePlugin).
+		Permit(SpecChanged, Unloading, loadedHereWithoutDevicePlugin).
+		Permit(KernelChanged, Absent, nothingLoadedHere)
 
 	sm.Configure(LoadBackOff).
 		Permit(BackOffExpired, Loading).
-		Permit(SpecChanged, Loading).
-		Permit(SpecRemoved, Absent).
-		Permit(KernelChanged, Absent)
+		Permit(SpecChanged, Loading, nothingLoadedHere).
+		Permit(SpecChanged, DevicePluginDraining, loadedHereWithDevicePlugin).
+		Permit(SpecChanged, Unloading, loadedHereWithoutDevicePlugin).
+		Permit(SpecRemoved, Absent, nothingLoadedHere).
+		Permit(SpecRemoved, DevicePluginDraining, loadedHereWithDevicePlugin).
+		Permit(SpecRemoved, Unloading, loadedHereWithoutDevicePlugin).
+		Permit(KernelChanged, Absent, nothingLoadedHere)
 
 	sm.Configure(Loaded).
 		Permit(NodeRebooted, Loading, nodeKernelMatchesSpec).
@@ -176,6 +186,21 @@ func devicePluginRunning(ctx context.Context, _ ...any) bool {
 
 func devicePluginNotRunning(ctx context.Context, args ...any) bool {
 	return !devicePluginRunning(ctx, args...)
+}
+
+// nothingLoadedHere: no config recorded as loaded for the kernel the node runs.
+func nothingLoadedHere(ctx context.Context, _ ...any) bool {
+	return !pairFrom(ctx).facts.statusKernelMatches()
+}
+
+// loadedHereWithDevicePlugin: a config is loaded for the node's kernel and the device plugin runs.
+func loadedHereWithDevicePlugin(ctx context.Context, args ...any) bool {
+	return !nothingLoadedHere(ctx, args...) && devicePluginRunning(ctx, args...)
+}
+
+// loadedHereWithoutDevicePlugin: a config is loaded for the node's kernel, no device plugin pod.
+func loadedHereWithoutDevicePlugin(ctx context.Context, args ...any) bool {
+	return !nothingLoadedHere(ctx, args...) && !devicePluginRunning(ctx, args...)
 }
 
 func upgradeInProgress(ctx context.Context, _ ...any) bool {

@@ -44,20 +44,20 @@ func Edges() map[Edge]bool {
 // guardFactCombinations returns facts covering every outcome of every guard.
 func guardFactCombinations() []*Facts {
 	var out []*Facts
-	for _, kernelMatch := range []bool{false, true} {
-		for _, dp := range []bool{false, true} {
-			for _, upgrade := range []bool{false, true} {
-				f := &Facts{Spec: &kmmv1beta1.NodeModuleSpec{Config: kmmv1beta1.ModuleConfig{KernelVersion: "k"}}, DevicePluginRunning: dp}
-				f.Node.KernelVersion = "other"
-				if kernelMatch {
-					f.Node.KernelVersion = "k"
-				}
-				if upgrade {
-					f.Node.UpgradeTarget = "v2"
-				}
-				out = append(out, f)
-			}
+	for i := range 16 {
+		kernelMatch, dp, upgrade, loadedHere := i&1 != 0, i&2 != 0, i&4 != 0, i&8 != 0
+		f := &Facts{Spec: &kmmv1beta1.NodeModuleSpec{Config: kmmv1beta1.ModuleConfig{KernelVersion: "k"}}, DevicePluginRunning: dp}
+		f.Node.KernelVersion = "other"
+		if kernelMatch {
+			f.Node.KernelVersion = "k"
 		}
+		if upgrade {
+			f.Node.UpgradeTarget = "v2"
+		}
+		if loadedHere {
+			f.Status.Config = &kmmv1beta1.ModuleConfig{KernelVersion: f.Node.KernelVersion}
+		}
+		out = append(out, f)
 	}
 	return out
 }

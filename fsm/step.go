@@ -93,11 +93,13 @@ func record(st *kmmv1beta1.NodeModuleStatus, t Trigger, to State, f *Facts) kmmv
 		recordUnloaded(st, f)
 	case t == WorkerFailed:
 		st.Attempts++
-	case t == NodeRebooted:
+	case t == NodeRebooted && (f.rebootedByBootID() || !f.statusKernelMatches()):
 		// Nothing survives a reboot: the record says so, and a reload starts afresh.
 		recordUnloaded(st, f)
 		st.LastWorkerTime = nil
 	}
+	// A reload after a Ready transition (seed 000's rule 5) keeps the record: the old config may
+	// still be loaded, so a different spec must unload it first.
 	tr := kmmv1beta1.Transition{Trigger: string(t), From: from, To: to, Time: metav1.NewTime(f.Now), Reason: string(t)}
 	st.Transitions = append(st.Transitions, tr)
 	if n := len(st.Transitions); n > kmmv1beta1.MaxTransitionLog {
@@ -166,7 +168,7 @@ var triggerMessages = map[Trigger]string{
 	KernelChanged:    "the node runs another kernel than the spec is for",
 	BackOffExpired:   "back-off over: retrying",
 	DevicePluginGone: "device plugin pod gone from the node",
-	UpgradeAbandoned: "upgrade no longer requested",
+	UpgradeAbandoned: "upgrade cannot go on: no version requested, or no spec entry for the requested one",
 }
 
 // sameEntry says whether two spec entries ask for the same thing.

@@ -1,0 +1,138 @@
+package fsm
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+
+	"pgregory.net/rapid"
+)
+
+// TestMain lengthens rapid's interleavings for this package (unless -rapid.steps is given): the
+// interesting races need a module loaded first.
+func TestMain(m *testing.M) {
+	flag.Parse()
+	if !flagSet("rapid.steps") {
+		_ = flag.Set("rapid.steps", "60")
+	}
+	os.Exit(m.Run())
+}
+
+func flagSet(name string) bool {
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
+// TestModelInvariants is the property test: random interleavings of Module edits, reboots, kernel
+// upgrades, NotReady/Ready flaps, cordons, version-label changes, worker outcomes, operator restarts,
+// write conflicts and stale caches, with the invariants of SPEC §4 checked after every step and
+// convergence checked at the end. `make test` runs it with RAPID_CHECKS=10000.
+func TestModelInvariants(t *testing.T) {
+	clear(visitedEdges)
+	rapid.Check(t, runModel(faults{}))
+
+	visitedStates := map[State]bool{}
+	for e := range visitedEdges {
+		visitedStates[e.To] = true
+	}
+	for _, s := range States {
+		if !visitedStates[s] {
+			t.Errorf("no interleaving reached state %s: the model does not exercise it", s)
+		}
+	}
+	var missed []string
+	for e := range Edges() {
+		if visitedEdges[e] == 0 {
+			missed = append(missed, fmt.Sprintf("%s --%s--> %s", e.From, e.Trigger, e.To))
+		}
+	}
+	t.Logf("transitions exercised: %d of %d; never taken: %v", len(Edges())-len(missed), len(Edges()), missed)
+	if checks, _ := strconv.Atoi(flag.Lookup("rapid.checks").Value.String()); checks >= 1000 && len(missed)*5 > len(Edges()) {
+		t.Errorf("the model took fewer than 80%% of the machine's transitions")
+	}
+}
+
+// recordingTB lets a rapid run fail without failing the test, so that a test can assert that rapid
+// finds a counterexample.
+type recordingTB struct {
+	*testing.T
+	failed bool
+	msgs   []string
+}
+
+func (r *recordingTB) Errorf(format string, args ...any) { r.fail(fmt.Sprintf(format, args...)) }
+func (r *recordingTB) Error(args ...any)                 { r.fail(fmt.Sprint(args...)) }
+func (r *recordingTB) Fatalf(format string, args ...any) { r.fail(fmt.Sprintf(format, args...)) }
+func (r *recordingTB) Fatal(args ...any)                 { r.fail(fmt.Sprint(args...)) }
+func (r *recordingTB) FailNow()                          { r.failed = true }
+func (r *recordingTB) Fail()                             { r.failed = true }
+func (r *recordingTB) Failed() bool                      { return r.failed }
+func (r *recordingTB) Logf(string, ...any)               {}
+func (r *recordingTB) Log(...any)                        {}
+
+func (r *recordingTB) fail(msg string) {
+	r.failed = true
+	r.msgs = append(r.msgs, msg)
+}
+
+// TestSeededFaultsAreCaught runs the property test against deliberately broken controllers and
+// requires rapid to find a counterexample naming the invariant each one breaks.
+func TestSeededFaultsAreCaught(t *testing.T) {
+	setFlag(t, "rapid.nofailfile", "true")
+	setFlag(t, "rapid.shrinktime", "3s")
+	cases := []struct {
+		name      string
+		fault     faults
+		invariant string
+	}{
+		{"the NMC decision ignores Ready", faults{nmcIgnoresReady: true}, "invariant 4"},
+		{"the Module→NMC decision reads node status", faults{specReadsNodeStatus: true}, "invariant 1"},
+		{"unload starts while the device plugin pod runs", faults{unloadIgnoresDevicePlugin: true}, "invariant 6"},
+		{"reboots go unnoticed", faults{ignoresReboots: true}, "invariant 7"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := &recordingTB{T: t}
+			rapid.Check(rec, runModel(tc.fault))
+			if !rec.failed {
+				t.Fatalf("rapid found no counterexample for the fault %q", tc.name)
+			}
+			t.Logf("counterexample: %s", rec.msgs)
+			if all := strings.Join(rec.msgs, "\n"); !strings.Contains(all, tc.invariant) {
+				t.Fatalf("rapid failed, but not on %s:\n%s", tc.invariant, all)
+			}
+		})
+	}
+}
+
+func setFlag(t *testing.T, name, value string) {
+	t.Helper()
+	f := flag.Lookup(name)
+	if f == nil {
+		t.Fatalf("no flag %s", name)
+	}
+	old := f.Value.String()
+	if err := flag.Set(name, value); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = flag.Set(name, old) })
+}
+
+// FuzzModel runs the same property as TestModelInvariants from fuzzer-chosen inputs.
+func FuzzModel(f *testing.F) {
+	f.Fuzz(rapid.MakeFuzz(runModel(faults{})))
+}
+
+// FuzzLabelKeys checks that every label key the operator builds for a valid Module name stays a
+// valid Kubernetes label key (the 39-character budget of seed 002).
+func FuzzLabelKeys(f *testing.F) {
+	f.Add("default", "nic")
+	f.Add("a-namespace-of-twenty", "module-name-eighteen")
+	f.Fuzz(func(t *testing.T, ns, name string) {
+		checkLabelKeys(t, ns, name)
+	})
+}

@@ -1,0 +1,49 @@
+package upgrade
+
+// NodeLabels are the version labels of one (node, Module); "" means the label is absent.
+type NodeLabels struct {
+	// Target is the user's kmm.node.kubernetes.io/version-module.<ns>.<name> label.
+	Target string
+	// WorkerPod is beta.kmm.node.kubernetes.io/version-worker-pod.<ns>.<name>.
+	WorkerPod string
+	// DevicePlugin is beta.kmm.node.kubernetes.io/version-device-plugin.<ns>.<name>.
+	DevicePlugin string
+}
+
+// Observed is what the label step needs to know about the node besides its labels.
+type Observed struct {
+	// DevicePluginPodOnNode says whether a device plugin pod of the Module runs on the node.
+	DevicePluginPodOnNode bool
+	// LoadedVersion is the version the pair has loaded ("" when nothing is loaded).
+	LoadedVersion string
+	// Loaded says whether the pair is in state Loaded.
+	Loaded bool
+}
+
+// NextLabels returns the internal labels after one step of seed 002's flow (it never touches
+// Target, which belongs to the user):
+//
+//  1. worker-pod label at the target and the target version loaded → device-plugin label to the
+//     target (step 5), which lets the device plugin run again;
+//  2. worker-pod label elsewhere → first remove the device-plugin label (step 2), wait for the device
+//     plugin pod to leave, then remove the worker-pod label (step 3: the Module→NMC controller deletes
+//     the spec entry and the module is unloaded), and once nothing is loaded set the worker-pod label
+//     to the target (step 4: the entry comes back and the new version loads).
+func NextLabels(l NodeLabels, o Observed) NodeLabels {
+	next := l
+	switch {
+	case l.WorkerPod == l.Target:
+		if o.Loaded && o.LoadedVersion == l.Target && l.DevicePlugin != l.Target {
+			next.DevicePlugin = l.Target
+		}
+	case l.DevicePlugin != "":
+		next.DevicePlugin = ""
+	case o.DevicePluginPodOnNode:
+		// wait for the device plugin pod to go
+	case l.WorkerPod != "":
+		next.WorkerPod = ""
+	case o.LoadedVersion == "":
+		next.WorkerPod = l.Target
+	}
+	return next
+}
