@@ -18,8 +18,14 @@ CONTROL_PLANE := $(BIN)/etcd $(BIN)/kube-apiserver $(BIN)/kube-controller-manage
 export KUBEBUILDER_ASSETS := $(BIN)
 
 GO_TEST_FLAGS ?= -count=1
+# Random interleavings the property test runs (SPEC §10: at least 10,000 per CI run).
+RAPID_CHECKS ?= 10000
+# How long `make fuzz` runs each fuzz target.
+FUZZ_TIME ?= 20s
+# Fuzz targets, as package:target.
+FUZZ_TARGETS := ./fsm:FuzzModel ./fsm:FuzzLabelKeys ./internal/kernel:FuzzParse ./internal/kernel:FuzzParseRange
 # Debian packages the tests need; installed by test/scripts/ensure-packages.sh when missing.
-TEST_PACKAGES := kmod
+TEST_PACKAGES := kmod gcc
 
 ##@ General
 
@@ -57,8 +63,18 @@ lint: $(GOLANGCI_LINT) ## Run golangci-lint (built from the Go module proxy).
 	$(GOLANGCI_LINT) run ./...
 
 .PHONY: test
-test: tools packages ## Run all tests: unit, property and envtest integration tests on a locally built control plane.
-	go test $(GO_TEST_FLAGS) ./...
+test: tools packages ## Run all tests: unit, property (RAPID_CHECKS interleavings), fuzz seeds and envtest integration tests.
+	RAPID_CHECKS=$(RAPID_CHECKS) go test $(GO_TEST_FLAGS) ./...
+
+.PHONY: fuzz
+fuzz: ## Run every fuzz target for FUZZ_TIME each.
+	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; name=$${t##*:}; \
+		echo ">> fuzzing $$name in $$pkg for $(FUZZ_TIME)"; \
+		go test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZ_TIME) $$pkg || exit 1; done
+
+.PHONY: bench
+bench: ## Run the Go benchmarks (benchstat-friendly: BENCH_COUNT runs each).
+	go test -run '^$$' -bench . -benchmem -count $${BENCH_COUNT:-6} ./fsm/ ./worker/
 
 .PHONY: verify
 verify: generate manifests diagrams fmt ## Regenerate everything and fail if the tree changed; then vet and lint.

@@ -1,0 +1,52 @@
+package fsm
+
+import (
+	"fmt"
+	"testing"
+
+	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+)
+
+// BenchmarkStepWorkerSucceeded is one decision plus one transition: a Loading pair whose load
+// pod succeeded becomes Loaded.
+func BenchmarkStepWorkerSucceeded(b *testing.B) {
+	e := entry(k1, "r/m:v1", "")
+	f := facts(e, kmmv1beta1.NodeModuleStatus{State: Loading}, readyNode(k1))
+	f.Worker = Worker{Phase: PodSucceeded, Action: ActionLoad, Entry: *e, Result: WorkerResult{BootID: "b1"}}
+	b.ReportAllocs()
+	for b.Loop() {
+		if r := Step(f); r.Status.State != Loaded {
+			b.Fatal(r.Status.State)
+		}
+	}
+}
+
+// BenchmarkStepNoOp10Modules is the decision part of a no-op NMC reconcile: ten Loaded pairs,
+// nothing changed.
+func BenchmarkStepNoOp10Modules(b *testing.B) {
+	var pairs []Facts
+	for i := range 10 {
+		e := entry(k1, fmt.Sprintf("r/m%d:v1", i), "")
+		pairs = append(pairs, facts(e, loaded(Loaded, e), readyNode(k1)))
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		for i := range pairs {
+			if r := Step(pairs[i]); len(r.Fired) != 0 {
+				b.Fatal(r.Fired)
+			}
+		}
+	}
+}
+
+// BenchmarkDecideSpec is one Module→NMC decision (regexp mapping, templated image).
+func BenchmarkDecideSpec(b *testing.B) {
+	m := testModule("")
+	n := testNode("6.1.0-56-cloud-amd64", nil)
+	b.ReportAllocs()
+	for b.Loop() {
+		if d := DecideSpec(m, n); d.Action != SpecUpdate {
+			b.Fatal(d)
+		}
+	}
+}
