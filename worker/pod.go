@@ -1,0 +1,24 @@
+package worker
+
+// The worker pod contract between the NMC controller (which creates worker pods) and whatever runs
+// them: a real kubelet with this binary, or the test node agent. A worker pod carries these labels
+// and annotations; its single container writes a Result as JSON to its termination message.
+const (
+	// LabelWorker marks every worker pod ("true"); controllers cache pods by this label only.
+	LabelWorker = "kmm.sigs.x-k8s.io/worker"
+	// LabelNode is the node the pod runs on (also spec.nodeName).
+	LabelNode = "kmm.sigs.x-k8s.io/node"
+	// LabelModuleNamespace and LabelModuleName name the Module.
+	LabelModuleNamespace = "kmm.sigs.x-k8s.io/module-namespace"
+	LabelModuleName      = "kmm.sigs.x-k8s.io/module-name"
+	// LabelAction is "load" or "unload".
+	LabelAction = "kmm.sigs.x-k8s.io/action"
+	// AnnotationConfig holds the worker Config as JSON; the downward API mounts it as ConfigFile.
+	AnnotationConfig = "kmm.sigs.x-k8s.io/worker-config"
+	// AnnotationAttempt is the pair's status attempt the pod was created for (decimal).
+	AnnotationAttempt = "kmm.sigs.x-k8s.io/attempt"
+	// ContainerName is the name of the worker container.
+	ContainerName = "worker"
+	// ConfigFile is where the worker container finds its config.
+	ConfigFile = "/etc/kmm/config.json"
+)
