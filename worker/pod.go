@@ -4,6 +4,11 @@ package worker
 // them: a real kubelet with this binary, or the test node agent. A worker pod carries these labels
 // and annotations; its single container writes a Result as JSON to its termination message.
 const (
+	// LabelManagedBy is set to ManagedBy on every pod kmm creates (worker and device plugin pods);
+	// the operator's cache holds only pods with it.
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	// ManagedBy is the value of LabelManagedBy.
+	ManagedBy = "kmm"
 	// LabelWorker marks every worker pod ("true"); controllers cache pods by this label only.
 	LabelWorker = "kmm.sigs.x-k8s.io/worker"
 	// LabelNode is the node the pod runs on (also spec.nodeName).

@@ -44,7 +44,7 @@ func runWithControlPlane(m *testing.M) int {
 	defer func() { _ = env.Stop() }()
 
 	opts := manager.DefaultOptions()
-	opts.MetricsAddr, opts.ProbeAddr = "0", "0"
+	opts.MetricsAddr, opts.ProbeAddr, opts.DisableControllers = "0", "0", true
 	opts.WebhookHost, opts.WebhookPort, opts.WebhookCertDir = env.WebhookHost, env.WebhookPort, env.WebhookCertDir
 	mgr, err := manager.New(env.Config, opts)
 	if err != nil {

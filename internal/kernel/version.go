@@ -23,7 +23,7 @@ type Version struct {
 
 // Parse parses a kernel version such as "5.14.0-553.el9.x86_64" or "6.1.0-56-cloud-amd64".
 func Parse(s string) (Version, error) {
-	full := strings.TrimSuffix(strings.TrimSpace(s), "+")
+	full := strings.TrimRight(strings.TrimSpace(s), "+")
 	if full == "" {
 		return Version{}, fmt.Errorf("empty kernel version")
 	}

@@ -8,6 +8,12 @@ import (
 	"flag"
 	"fmt"
 
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -18,7 +24,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/controllers"
+	"github.com/kmm-project/kmm/fsm"
 	kmmwebhook "github.com/kmm-project/kmm/internal/webhook"
+	"github.com/kmm-project/kmm/worker"
 )
 
 // The operator needs these permissions for leader election and Events; controllers declare theirs.
@@ -41,16 +50,24 @@ type Options struct {
 	WebhookPort          int
 	WebhookCertDir       string
 	DisableWebhook       bool
+	// WorkerImage is the image of the worker pods.
+	WorkerImage string
+	// NMCConcurrency is how many nodes the NMC controller reconciles at once.
+	NMCConcurrency int
+	// DisableControllers runs only the webhook (for tests of admission alone).
+	DisableControllers bool
 }
 
 // DefaultOptions are the settings the flags start from.
 func DefaultOptions() Options {
 	return Options{
-		MetricsAddr: ":8080",
-		ProbeAddr:   ":8081",
-		QPS:         50,
-		Burst:       100,
-		WebhookPort: 9443,
+		MetricsAddr:    ":8080",
+		ProbeAddr:      ":8081",
+		QPS:            50,
+		Burst:          100,
+		WebhookPort:    9443,
+		WorkerImage:    "kmm-worker:dev",
+		NMCConcurrency: 8,
 	}
 }
 
@@ -66,12 +83,17 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.WebhookPort, "webhook-port", o.WebhookPort, "Port of the admission webhook server.")
 	fs.StringVar(&o.WebhookCertDir, "webhook-cert-dir", o.WebhookCertDir, "Directory holding tls.crt and tls.key for the webhook server.")
 	fs.BoolVar(&o.DisableWebhook, "disable-webhook", o.DisableWebhook, "Do not serve the admission webhook (the CRD schema still validates).")
+	fs.StringVar(&o.WorkerImage, "worker-image", o.WorkerImage, "Image of the worker pods that load and unload modules.")
+	fs.IntVar(&o.NMCConcurrency, "nmc-concurrency", o.NMCConcurrency, "Nodes the NMC controller reconciles concurrently.")
 }
 
 // Validate reports options that cannot work.
 func (o *Options) Validate() error {
 	if o.QPS <= 0 || o.Burst <= 0 {
 		return fmt.Errorf("kube-api-qps and kube-api-burst must be positive, got %v and %d", o.QPS, o.Burst)
+	}
+	if o.WorkerImage == "" || o.NMCConcurrency < 1 {
+		return fmt.Errorf("worker-image must be set and nmc-concurrency at least 1, got %q and %d", o.WorkerImage, o.NMCConcurrency)
 	}
 	if !o.DisableWebhook && (o.WebhookPort <= 0 || o.WebhookPort > 65535) {
 		return fmt.Errorf("webhook-port must be a TCP port, got %d", o.WebhookPort)
@@ -102,6 +124,10 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 		LeaderElection:          o.LeaderElect,
 		LeaderElectionID:        LeaderElectionID,
 		LeaderElectionNamespace: o.LeaderElectNamespace,
+		// kmm reads only its own pods (worker and device plugin pods), not every pod in the cluster.
+		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+			&corev1.Pod{}: {Label: labels.SelectorFromSet(labels.Set{worker.LabelManagedBy: worker.ManagedBy})},
+		}},
 		WebhookServer: webhook.NewServer(webhook.Options{
 			Host:    o.WebhookHost,
 			Port:    o.WebhookPort,
@@ -110,6 +136,11 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating the manager: %w", err)
+	}
+	if !o.DisableControllers {
+		if err := setupControllers(mgr, o); err != nil {
+			return nil, err
+		}
 	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return nil, fmt.Errorf("adding the health check: %w", err)
@@ -125,4 +156,24 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 		return nil, fmt.Errorf("adding the readiness check: %w", err)
 	}
 	return mgr, nil
+}
+
+// setupControllers registers the Module→NMC and NMC controllers.
+func setupControllers(mgr ctrl.Manager, o Options) error {
+	module := &controllers.ModuleReconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("kmm-module")}
+	if err := module.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the Module controller: %w", err)
+	}
+	nmc := &controllers.NMCReconciler{
+		Client:                  mgr.GetClient(),
+		Recorder:                mgr.GetEventRecorder("kmm-nmc"),
+		Clock:                   clock.RealClock{},
+		WorkerImage:             o.WorkerImage,
+		BackOff:                 fsm.DefaultBackOff,
+		MaxConcurrentReconciles: o.NMCConcurrency,
+	}
+	if err := nmc.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the NMC controller: %w", err)
+	}
+	return nil
 }

@@ -1,0 +1,139 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/fsm"
+)
+
+// writeStatus computes Module.status from the scope and the device plugin DaemonSets and writes it
+// only when it changed.
+func (r *ModuleReconciler) writeStatus(ctx context.Context, s *moduleScope) error {
+	m := s.module
+	dsList := &appsv1.DaemonSetList{}
+	if err := r.Client.List(ctx, dsList, client.InNamespace(m.Namespace), client.MatchingLabels(devicePluginLabels(m))); err != nil {
+		return err
+	}
+	next := computeModuleStatus(s, dsList.Items)
+	for state, n := range next.NodesByState {
+		pairsByState.WithLabelValues(m.Namespace, m.Name, string(state)).Set(float64(n))
+	}
+	for _, state := range fsm.States {
+		if _, ok := next.NodesByState[state]; !ok {
+			pairsByState.WithLabelValues(m.Namespace, m.Name, string(state)).Set(0)
+		}
+	}
+	for i := range next.Conditions {
+		if old := meta.FindStatusCondition(m.Status.Conditions, next.Conditions[i].Type); old != nil &&
+			old.Status == next.Conditions[i].Status && old.Reason == next.Conditions[i].Reason && old.Message == next.Conditions[i].Message {
+			next.Conditions[i].LastTransitionTime = old.LastTransitionTime
+		}
+	}
+	if equality.Semantic.DeepEqual(next, m.Status) {
+		return nil
+	}
+	m.Status = next
+	return client.IgnoreNotFound(r.Client.Status().Update(ctx, m))
+}
+
+// computeModuleStatus is pure: upstream's counters, nodes per state, and the three conditions.
+func computeModuleStatus(s *moduleScope, daemonSets []appsv1.DaemonSet) kmmv1beta1.ModuleStatus {
+	m := s.module
+	st := kmmv1beta1.ModuleStatus{ObservedGeneration: m.Generation, NodesByState: map[kmmv1beta1.ModuleState]int32{}}
+	var noMapping, failing []string
+	for i := range s.nodes {
+		n := &s.nodes[i]
+		d := s.decisions[n.Name]
+		if d.Reason == fsm.ReasonNotSelected || d.Reason == fsm.ReasonModuleDeleted {
+			continue
+		}
+		st.ModuleLoader.NodesMatchingSelectorNumber++
+		if d.Reason == fsm.ReasonNoKernelMapping || d.Reason == fsm.ReasonInvalidKernel {
+			noMapping = append(noMapping, n.Name)
+		}
+		state, desired, available := pairCounts(s.nmcs[n.Name], m)
+		st.NodesByState[state]++
+		st.ModuleLoader.DesiredNumber += desired
+		st.ModuleLoader.AvailableNumber += available
+		if state == kmmv1beta1.StateLoadBackOff || state == kmmv1beta1.StateUnloadBackOff {
+			failing = append(failing, fmt.Sprintf("%s (%s)", n.Name, statusEntry(s.nmcs[n.Name], m.Namespace, m.Name).Message))
+		}
+	}
+	for _, ds := range daemonSets {
+		st.DevicePlugin.NodesMatchingSelectorNumber = st.ModuleLoader.NodesMatchingSelectorNumber
+		st.DevicePlugin.DesiredNumber += ds.Status.DesiredNumberScheduled
+		st.DevicePlugin.AvailableNumber += ds.Status.NumberAvailable
+	}
+	st.Conditions = moduleConditions(s.invalid, st.ModuleLoader, noMapping, failing, m.Generation)
+	return st
+}
+
+// pairCounts returns a node's state for the Module and whether it is desired (has a spec entry)
+// and available (Loaded with the spec's config).
+func pairCounts(nmc *kmmv1beta1.NodeModulesConfig, m *kmmv1beta1.Module) (kmmv1beta1.ModuleState, int32, int32) {
+	if nmc == nil {
+		return kmmv1beta1.StateAbsent, 0, 0
+	}
+	spec, ps := specEntry(nmc, m.Namespace, m.Name), statusEntry(nmc, m.Namespace, m.Name)
+	var desired, available int32
+	if spec != nil {
+		desired = 1
+	}
+	if ps == nil {
+		return kmmv1beta1.StateAbsent, desired, 0
+	}
+	if spec != nil && ps.State == kmmv1beta1.StateLoaded && ps.Config != nil && equality.Semantic.DeepEqual(*ps.Config, spec.Config) {
+		available = 1
+	}
+	return ps.State, desired, available
+}
+
+func moduleConditions(invalid string, loader kmmv1beta1.DaemonSetStatus, noMapping, failing []string, gen int64) []metav1.Condition {
+	cond := func(t string, ok bool, reason, msg string) metav1.Condition {
+		status := metav1.ConditionFalse
+		if ok {
+			status = metav1.ConditionTrue
+		}
+		return metav1.Condition{Type: t, Status: status, Reason: reason, Message: msg, ObservedGeneration: gen, LastTransitionTime: metav1.Now()}
+	}
+	allLoaded := loader.AvailableNumber == loader.DesiredNumber && len(failing) == 0
+	ready := cond(kmmv1beta1.ConditionReady, allLoaded && invalid == "", kmmv1beta1.ReasonAllLoaded,
+		fmt.Sprintf("loaded on %d of %d nodes", loader.AvailableNumber, loader.DesiredNumber))
+	progressing := cond(kmmv1beta1.ConditionProgressing, !allLoaded && len(failing) == 0 && invalid == "", kmmv1beta1.ReasonInProgress, ready.Message)
+	if !allLoaded {
+		ready.Reason = kmmv1beta1.ReasonInProgress
+	}
+	if progressing.Status != metav1.ConditionTrue {
+		progressing.Reason = kmmv1beta1.ReasonAsExpected
+	}
+	degraded := cond(kmmv1beta1.ConditionDegraded, false, kmmv1beta1.ReasonAsExpected, "")
+	switch {
+	case invalid != "":
+		degraded = cond(kmmv1beta1.ConditionDegraded, true, kmmv1beta1.ReasonInvalidSpec, invalid)
+		ready.Reason, ready.Message = kmmv1beta1.ReasonInvalidSpec, "the Module is invalid"
+	case len(failing) > 0:
+		degraded = cond(kmmv1beta1.ConditionDegraded, true, kmmv1beta1.ReasonWorkerFailing, "worker failing on "+joinSorted(failing))
+		ready.Reason = kmmv1beta1.ReasonWorkerFailing
+	case len(noMapping) > 0:
+		degraded = cond(kmmv1beta1.ConditionDegraded, true, kmmv1beta1.ReasonNoKernelMapping, "no kernel mapping for the kernel of "+joinSorted(noMapping))
+	}
+	return []metav1.Condition{ready, progressing, degraded}
+}
+
+func joinSorted(items []string) string {
+	sort.Strings(items)
+	if len(items) > 10 {
+		items = append(items[:10], fmt.Sprintf("and %d more", len(items)-10))
+	}
+	return strings.Join(items, ", ")
+}

@@ -1,0 +1,377 @@
+package controllers
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+
+	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/fsm"
+	"github.com/kmm-project/kmm/worker"
+)
+
+// +kubebuilder:rbac:groups=kmm.sigs.x-k8s.io,resources=nodemodulesconfigs,verbs=get;list;watch;delete
+// +kubebuilder:rbac:groups=kmm.sigs.x-k8s.io,resources=nodemodulesconfigs/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;delete
+
+// LabelDevicePlugin marks device plugin pods with the Module they serve ("<namespace>.<name>").
+const LabelDevicePlugin = "kmm.sigs.x-k8s.io/device-plugin"
+
+// NMCReconciler is the NMC controller: one reconcile per node.
+type NMCReconciler struct {
+	Client      client.Client
+	Recorder    events.EventRecorder
+	Clock       clock.PassiveClock
+	WorkerImage string
+	BackOff     fsm.BackOff
+	// MaxConcurrentReconciles may be above 1: each NMC is one node, so reconciles never share state.
+	MaxConcurrentReconciles int
+}
+
+// SetupWithManager registers the controller: NMCs, their Nodes, and kmm's pods on the node.
+func (r *NMCReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	byNodeName := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []ctrl.Request {
+		return []ctrl.Request{{NamespacedName: types.NamespacedName{Name: o.GetName()}}}
+	})
+	byPodNode := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []ctrl.Request {
+		if n := o.(*corev1.Pod).Spec.NodeName; n != "" {
+			return []ctrl.Request{{NamespacedName: types.NamespacedName{Name: n}}}
+		}
+		return nil
+	})
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("nmc").
+		For(&kmmv1beta1.NodeModulesConfig{}).
+		Watches(&corev1.Node{}, byNodeName).
+		Watches(&corev1.Pod{}, byPodNode).
+		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.MaxConcurrentReconciles, 1)}).
+		Complete(r)
+}
+
+// nodeFacts is everything read for one reconcile.
+type nodeFacts struct {
+	nmc        *kmmv1beta1.NodeModulesConfig
+	node       *corev1.Node
+	workers    map[string]*corev1.Pod // by module key
+	dpRunning  map[string]bool        // by module key
+	modulesSet map[string]bool        // module keys whose Module exists and is not being deleted
+}
+
+// pairOutcome is the decision for one pair with what the reconciler needs to carry it out.
+type pairOutcome struct {
+	key    string
+	result fsm.Result
+	pod    *corev1.Pod
+}
+
+// Reconcile gathers the node's facts, decides every pair, writes the NMC status once and executes.
+func (r *NMCReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	log := ctrl.LoggerFrom(ctx).WithValues("node", req.Name)
+	f, err := r.gather(ctx, req.Name)
+	if err != nil || f == nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	now := r.Clock.Now()
+	outcomes := r.decide(f, now, log)
+	if err := r.writeStatus(ctx, f.nmc, outcomes); err != nil {
+		// A conflict means the NMC changed since it was read: the error requeues with back-off and the
+		// next reconcile decides on fresh facts.
+		return ctrl.Result{}, err
+	}
+	r.record(f, outcomes)
+	if err := r.execute(ctx, f, outcomes, log); err != nil {
+		return ctrl.Result{}, err
+	}
+	if err := r.deleteIfEmpty(ctx, f); err != nil {
+		return ctrl.Result{}, err
+	}
+	return ctrl.Result{RequeueAfter: requeueAfter(outcomes)}, nil
+}
+
+func (r *NMCReconciler) gather(ctx context.Context, name string) (*nodeFacts, error) {
+	f := &nodeFacts{nmc: &kmmv1beta1.NodeModulesConfig{}, node: &corev1.Node{}, workers: map[string]*corev1.Pod{},
+		dpRunning: map[string]bool{}, modulesSet: map[string]bool{}}
+	if err := r.Client.Get(ctx, client.ObjectKey{Name: name}, f.nmc); err != nil {
+		return nil, err
+	}
+	if err := r.Client.Get(ctx, client.ObjectKey{Name: name}, f.node); err != nil {
+		return nil, err
+	}
+	pods := &corev1.PodList{}
+	if err := r.Client.List(ctx, pods, client.MatchingLabels{worker.LabelManagedBy: worker.ManagedBy}); err != nil {
+		return nil, err
+	}
+	for i := range pods.Items {
+		collectPod(f, &pods.Items[i], name)
+	}
+	modules := &kmmv1beta1.ModuleList{}
+	if err := r.Client.List(ctx, modules); err != nil {
+		return nil, err
+	}
+	for _, m := range modules.Items {
+		if m.DeletionTimestamp.IsZero() {
+			f.modulesSet[m.Namespace+"/"+m.Name] = true
+		}
+	}
+	return f, nil
+}
+
+// collectPod files a kmm pod on node under its module.
+func collectPod(f *nodeFacts, p *corev1.Pod, node string) {
+	if p.Spec.NodeName != node {
+		return
+	}
+	if p.Labels[worker.LabelWorker] == "true" {
+		f.workers[p.Labels[worker.LabelModuleNamespace]+"/"+p.Labels[worker.LabelModuleName]] = p
+		return
+	}
+	// A device plugin pod counts until it is gone, Terminating included: it may still use the module.
+	if p.Labels[LabelDevicePlugin] != "" && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
+		f.dpRunning[p.Labels[worker.LabelModuleNamespace]+"/"+p.Labels[worker.LabelModuleName]] = true
+	}
+}
+
+// decide runs fsm.Step for every pair known on the node.
+func (r *NMCReconciler) decide(f *nodeFacts, now time.Time, log logr.Logger) []pairOutcome {
+	node := observeNode(f.node)
+	var out []pairOutcome
+	for _, key := range pairKeys(f) {
+		facts := r.pairFacts(f, key, node, now)
+		res := fsm.Step(facts)
+		if res.Err != nil {
+			unpermittedTriggersTotal.WithLabelValues(string(facts.Status.State)).Inc()
+			log.Error(res.Err, "Unpermitted trigger", "module", key)
+		}
+		for _, t := range res.Fired {
+			log.Info("Transition", "module", key, "from", t.From, "to", t.To, "trigger", t.Trigger)
+		}
+		out = append(out, pairOutcome{key: key, result: res, pod: f.workers[key]})
+	}
+	return out
+}
+
+func (r *NMCReconciler) pairFacts(f *nodeFacts, key string, node fsm.Node, now time.Time) fsm.Facts {
+	ns, name, _ := strings.Cut(key, "/")
+	facts := fsm.Facts{Now: now, BackOff: r.BackOff, Node: node, DevicePluginRunning: f.dpRunning[key],
+		Status: kmmv1beta1.NodeModuleStatus{Namespace: ns, Name: name}}
+	for i := range f.nmc.Spec.Modules {
+		if e := &f.nmc.Spec.Modules[i]; e.Namespace == ns && e.Name == name {
+			facts.Spec = e
+		}
+	}
+	for _, st := range f.nmc.Status.Modules {
+		if st.Namespace == ns && st.Name == name {
+			facts.Status = st
+		}
+	}
+	if f.modulesSet[key] {
+		facts.Node.UpgradeTarget = f.node.Labels[fsm.ModuleVersionLabel(ns, name)]
+	}
+	facts.Node.WorkerPodVersion = f.node.Labels[fsm.WorkerPodVersionLabel(ns, name)]
+	if p := f.workers[key]; p != nil {
+		facts.Worker = ObserveWorker(p)
+	}
+	return facts
+}
+
+// observeNode reads what the NMC decision needs of a node.
+func observeNode(n *corev1.Node) fsm.Node {
+	out := fsm.Node{Schedulable: !n.Spec.Unschedulable, KernelVersion: n.Status.NodeInfo.KernelVersion, BootID: n.Status.NodeInfo.BootID}
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			out.Ready, out.ReadySince = c.Status == corev1.ConditionTrue, c.LastTransitionTime.Time
+		}
+	}
+	return out
+}
+
+// pairKeys lists the module keys with a spec entry, a status entry or a worker pod on the node.
+func pairKeys(f *nodeFacts) []string {
+	set := map[string]bool{}
+	for _, e := range f.nmc.Spec.Modules {
+		set[e.Namespace+"/"+e.Name] = true
+	}
+	for _, st := range f.nmc.Status.Modules {
+		set[st.Namespace+"/"+st.Name] = true
+	}
+	for k := range f.workers {
+		set[k] = true
+	}
+	keys := make([]string, 0, len(set))
+	for k := range set {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// writeStatus writes the NMC status once when it changed, or when a pod is about to be created (a
+// write with the read resourceVersion proves the decision was made on fresh data).
+func (r *NMCReconciler) writeStatus(ctx context.Context, nmc *kmmv1beta1.NodeModulesConfig, outcomes []pairOutcome) error {
+	next := make([]kmmv1beta1.NodeModuleStatus, 0, len(outcomes))
+	creates := false
+	for _, o := range outcomes {
+		if o.result.Status != nil {
+			next = append(next, *o.result.Status)
+		}
+		creates = creates || o.result.Plan.CreateWorker != nil
+	}
+	if equality.Semantic.DeepEqual(next, nmc.Status.Modules) && !creates {
+		return nil
+	}
+	nmc.Status.Modules = next
+	return r.Client.Status().Update(ctx, nmc)
+}
+
+// record emits an Event and counts a metric for every transition.
+func (r *NMCReconciler) record(f *nodeFacts, outcomes []pairOutcome) {
+	for _, o := range outcomes {
+		ns, name, _ := strings.Cut(o.key, "/")
+		module := &kmmv1beta1.Module{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+		for _, t := range o.result.Fired {
+			transitionsTotal.WithLabelValues(string(t.From), string(t.To), t.Trigger).Inc()
+			eventType := corev1.EventTypeNormal
+			if t.Trigger == string(fsm.WorkerFailed) {
+				eventType = corev1.EventTypeWarning
+			}
+			note := fmt.Sprintf("%s on %s: %s -> %s (%s)", o.key, f.node.Name, t.From, t.To, o.result.Status.Message)
+			r.Recorder.Eventf(f.nmc, module, eventType, t.Trigger, "Transition", note)
+			r.Recorder.Eventf(module, f.nmc, eventType, t.Trigger, "Transition", note)
+		}
+		if o.pod != nil && o.result.Plan.DeleteWorker {
+			observeFinishedPod(o.pod)
+		}
+	}
+}
+
+func observeFinishedPod(p *corev1.Pod) {
+	action, outcome := p.Labels[worker.LabelAction], string(p.Status.Phase)
+	if d, ok := workerDuration(p); ok {
+		workerPodDuration.WithLabelValues(action, outcome).Observe(d.Seconds())
+	}
+	if p.Status.Phase == corev1.PodFailed {
+		workerFailuresTotal.WithLabelValues(action, workerResult(p).Reason).Inc()
+	}
+}
+
+// execute carries out the plans: node labels, finished pods, new pods.
+func (r *NMCReconciler) execute(ctx context.Context, f *nodeFacts, outcomes []pairOutcome, log logr.Logger) error {
+	if err := r.patchLabels(ctx, f, outcomes); err != nil {
+		return fmt.Errorf("labelling node %s: %w", f.node.Name, err)
+	}
+	var errs []error
+	for _, o := range outcomes {
+		p := o.result.Plan
+		if p.DeleteWorker && o.pod != nil {
+			log.V(1).Info("Deleting finished worker pod", "module", o.key, "pod", o.pod.Name)
+			err := r.Client.Delete(ctx, o.pod, client.Preconditions{UID: &o.pod.UID})
+			errs = append(errs, ignoreGone(err))
+		}
+		if p.CreateWorker != nil {
+			log.Info("Creating worker pod", "module", o.key, "action", p.CreateWorker.Action, "attempt", p.CreateWorker.Attempt)
+			errs = append(errs, r.createWorker(ctx, f.node.Name, p.CreateWorker))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func ignoreGone(err error) error {
+	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+		return nil
+	}
+	return err
+}
+
+func (r *NMCReconciler) createWorker(ctx context.Context, node string, in *fsm.WorkerIntent) error {
+	pod, err := WorkerPod(node, r.WorkerImage, in)
+	if err != nil {
+		return err
+	}
+	if err := r.Client.Create(ctx, pod); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("creating worker pod %s: %w", pod.Name, err)
+	}
+	return nil
+}
+
+// patchLabels sets the ready and version.ready labels of every pair as planned, and removes those
+// of modules the node no longer knows; it writes only when something changes.
+func (r *NMCReconciler) patchLabels(ctx context.Context, f *nodeFacts, outcomes []pairOutcome) error {
+	desired := map[string]*string{}
+	for key := range f.node.Labels {
+		if isKMMStateLabel(key) {
+			desired[key] = nil
+		}
+	}
+	for _, o := range outcomes {
+		ns, name, _ := strings.Cut(o.key, "/")
+		if o.result.Plan.Ready {
+			v := ""
+			desired[fsm.ReadyLabel(ns, name)] = &v
+		}
+		if v := o.result.Plan.VersionReady; v != "" {
+			desired[fsm.VersionReadyLabel(ns, name)] = &v
+		}
+	}
+	patch := map[string]any{}
+	for key, want := range desired {
+		cur, has := f.node.Labels[key]
+		if (want == nil && has) || (want != nil && (!has || cur != *want)) {
+			patch[key] = want
+		}
+	}
+	if len(patch) == 0 {
+		return nil
+	}
+	return r.Client.Patch(ctx, f.node, client.RawPatch(types.MergePatchType, labelsPatch(patch)))
+}
+
+// isKMMStateLabel says whether a node label key is a ready or version.ready label of kmm.
+func isKMMStateLabel(key string) bool {
+	rest, ok := strings.CutPrefix(key, "kmm.node.kubernetes.io/")
+	return ok && !strings.HasPrefix(rest, "version-module.") && (strings.HasSuffix(rest, ".ready"))
+}
+
+// labelsPatch is a JSON merge patch of node labels (nil values remove a label).
+func labelsPatch(labels map[string]any) []byte {
+	data, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": labels}})
+	return data
+}
+
+// requeueAfter is the earliest retry any pair asked for.
+func requeueAfter(outcomes []pairOutcome) time.Duration {
+	var d time.Duration
+	for _, o := range outcomes {
+		if r := o.result.Plan.RequeueAfter; r > 0 && (d == 0 || r < d) {
+			d = r
+		}
+	}
+	return d
+}
+
+// deleteIfEmpty removes an NMC that has no spec entry, no status entry and no worker pod left;
+// the resourceVersion precondition makes it lose any race with a new spec entry.
+func (r *NMCReconciler) deleteIfEmpty(ctx context.Context, f *nodeFacts) error {
+	if len(f.nmc.Spec.Modules) > 0 || len(f.nmc.Status.Modules) > 0 || len(f.workers) > 0 {
+		return nil
+	}
+	rv := f.nmc.ResourceVersion
+	return ignoreGone(r.Client.Delete(ctx, f.nmc, client.Preconditions{ResourceVersion: &rv}))
+}

@@ -1,0 +1,198 @@
+package controllers
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"path"
+	"strconv"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/fsm"
+	"github.com/kmm-project/kmm/worker"
+)
+
+// Host paths the worker pod mounts.
+const (
+	// CacheHostPath keeps pulled kmod images across pods (and reboots).
+	CacheHostPath = "/var/lib/kmm/cache"
+	// FirmwareHostPath is where firmware is installed on the node.
+	FirmwareHostPath = worker.DefaultFirmwareHostPath
+	pullSecretDir    = "/var/run/kmm/pull-secret" //nolint:gosec // G101: a mount path, not a credential
+)
+
+// WorkerPodName is the deterministic name of a pair's worker pod: at most one exists per pair
+// because the API server refuses a second pod of the same name.
+func WorkerPodName(node, namespace, name string) string {
+	n := fmt.Sprintf("kmm-worker-%s-%s-%s", node, namespace, name)
+	if len(n) <= 253 {
+		return n
+	}
+	sum := sha256.Sum256([]byte(n))
+	return n[:236] + "-" + hex.EncodeToString(sum[:8])
+}
+
+// WorkerPod builds the worker pod for an intent on a node (SPEC §6): bound to the node, never
+// restarted, no API token, SYS_MODULE, privileged only with firmware, config through the downward API.
+func WorkerPod(node, image string, in *fsm.WorkerIntent) (*corev1.Pod, error) {
+	e := &in.Entry
+	cfg := worker.Config{Namespace: e.Namespace, Name: e.Name, Config: e.Config}
+	firmware := e.Config.Modprobe.FirmwarePath != ""
+	if firmware {
+		cfg.SetFirmwareClassPath, cfg.FirmwareHostPath = true, FirmwareHostPath
+	}
+	data, err := json.Marshal(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("encoding the worker config: %w", err)
+	}
+	args := []string{string(in.Action), "--config", worker.ConfigFile, "--cache-dir", CacheHostPath}
+	if e.ImageRepoSecret != nil {
+		args = append(args, "--pull-secret", path.Join(pullSecretDir, corev1.DockerConfigJsonKey))
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:        WorkerPodName(node, e.Namespace, e.Name),
+			Namespace:   e.Namespace,
+			Labels:      workerLabels(node, e, in.Action),
+			Annotations: map[string]string{worker.AnnotationConfig: string(data), worker.AnnotationAttempt: strconv.Itoa(int(in.Attempt))},
+		},
+		Spec: corev1.PodSpec{
+			NodeName:                     node,
+			RestartPolicy:                corev1.RestartPolicyNever,
+			AutomountServiceAccountToken: ptr.To(false),
+			ServiceAccountName:           e.ServiceAccountName,
+			Tolerations:                  e.Tolerations,
+			Containers: []corev1.Container{{
+				Name:                     worker.ContainerName,
+				Image:                    image,
+				Args:                     args,
+				TerminationMessagePolicy: corev1.TerminationMessageReadFile,
+				SecurityContext: &corev1.SecurityContext{
+					Privileged:   ptr.To(firmware),
+					Capabilities: &corev1.Capabilities{Add: []corev1.Capability{"SYS_MODULE"}},
+				},
+				VolumeMounts: workerMounts(e, firmware),
+			}},
+			Volumes: workerVolumes(e, firmware),
+		},
+	}
+	return pod, nil
+}
+
+func workerLabels(node string, e *kmmv1beta1.NodeModuleSpec, action fsm.WorkerAction) map[string]string {
+	return map[string]string{
+		worker.LabelManagedBy:       worker.ManagedBy,
+		worker.LabelWorker:          "true",
+		worker.LabelNode:            node,
+		worker.LabelModuleNamespace: e.Namespace,
+		worker.LabelModuleName:      e.Name,
+		worker.LabelAction:          string(action),
+	}
+}
+
+func workerMounts(e *kmmv1beta1.NodeModuleSpec, firmware bool) []corev1.VolumeMount {
+	m := []corev1.VolumeMount{
+		{Name: "config", MountPath: path.Dir(worker.ConfigFile), ReadOnly: true},
+		{Name: "cache", MountPath: CacheHostPath},
+		{Name: "lib-modules", MountPath: "/lib/modules", ReadOnly: true},
+	}
+	if e.ImageRepoSecret != nil {
+		m = append(m, corev1.VolumeMount{Name: "pull-secret", MountPath: pullSecretDir, ReadOnly: true})
+	}
+	if firmware {
+		m = append(m, corev1.VolumeMount{Name: "firmware", MountPath: FirmwareHostPath})
+	}
+	return m
+}
+
+func workerVolumes(e *kmmv1beta1.NodeModuleSpec, firmware bool) []corev1.Volume {
+	dirOrCreate := corev1.HostPathDirectoryOrCreate
+	v := []corev1.Volume{
+		{Name: "config", VolumeSource: corev1.VolumeSource{DownwardAPI: &corev1.DownwardAPIVolumeSource{Items: []corev1.DownwardAPIVolumeFile{{
+			Path:     path.Base(worker.ConfigFile),
+			FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.annotations['" + worker.AnnotationConfig + "']"},
+		}}}}},
+		{Name: "cache", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: CacheHostPath, Type: &dirOrCreate}}},
+		{Name: "lib-modules", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/lib/modules"}}},
+	}
+	if e.ImageRepoSecret != nil {
+		v = append(v, corev1.Volume{Name: "pull-secret", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: e.ImageRepoSecret.Name}}})
+	}
+	if firmware {
+		v = append(v, corev1.Volume{Name: "firmware", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: FirmwareHostPath, Type: &dirOrCreate}}})
+	}
+	return v
+}
+
+// ObserveWorker turns a worker pod into the facts the NMC decision reads.
+func ObserveWorker(pod *corev1.Pod) fsm.Worker {
+	w := fsm.Worker{Action: fsm.WorkerAction(pod.Labels[worker.LabelAction])}
+	if a, err := strconv.Atoi(pod.Annotations[worker.AnnotationAttempt]); err == nil {
+		w.Attempt = int32(a) //nolint:gosec // G109: the attempt annotation is written by the operator and small
+	}
+	if cfg, err := worker.ParseConfig([]byte(pod.Annotations[worker.AnnotationConfig])); err == nil {
+		w.Entry = kmmv1beta1.NodeModuleSpec{Namespace: cfg.Namespace, Name: cfg.Name, Config: cfg.Config,
+			ServiceAccountName: pod.Spec.ServiceAccountName, Tolerations: pod.Spec.Tolerations}
+		if v := pullSecretVolume(pod); v != "" {
+			w.Entry.ImageRepoSecret = &corev1.LocalObjectReference{Name: v}
+		}
+	}
+	switch pod.Status.Phase {
+	case corev1.PodSucceeded:
+		w.Phase = fsm.PodSucceeded
+	case corev1.PodFailed:
+		w.Phase = fsm.PodFailed
+	default:
+		w.Phase = fsm.PodRunning
+	}
+	if w.Phase != fsm.PodRunning {
+		w.Result = workerResult(pod)
+	}
+	return w
+}
+
+func pullSecretVolume(pod *corev1.Pod) string {
+	for _, v := range pod.Spec.Volumes {
+		if v.Name == "pull-secret" && v.Secret != nil {
+			return v.Secret.SecretName
+		}
+	}
+	return ""
+}
+
+// workerResult reads the worker's report from the termination message; a pod that ended without
+// one (evicted, killed) is a failure of class Other with the pod's own reason.
+func workerResult(pod *corev1.Pod) fsm.WorkerResult {
+	for _, cs := range pod.Status.ContainerStatuses {
+		if cs.Name != worker.ContainerName || cs.State.Terminated == nil {
+			continue
+		}
+		if r, err := worker.ParseResult([]byte(cs.State.Terminated.Message)); err == nil {
+			return fsm.WorkerResult{BootID: r.BootID, ImageDigest: r.ImageDigest, Reason: string(r.Reason), Message: r.Message}
+		}
+	}
+	msg := pod.Status.Message
+	if msg == "" {
+		msg = "the worker pod ended without a result"
+	}
+	if pod.Status.Phase == corev1.PodSucceeded {
+		return fsm.WorkerResult{}
+	}
+	return fsm.WorkerResult{Reason: string(worker.ReasonOther), Message: pod.Status.Reason + " " + msg}
+}
+
+// workerDuration is how long a finished worker pod ran.
+func workerDuration(pod *corev1.Pod) (time.Duration, bool) {
+	for _, cs := range pod.Status.ContainerStatuses {
+		if t := cs.State.Terminated; cs.Name == worker.ContainerName && t != nil && !t.FinishedAt.IsZero() {
+			return t.FinishedAt.Sub(pod.CreationTimestamp.Time), true
+		}
+	}
+	return 0, false
+}

@@ -1,0 +1,111 @@
+package controllers
+
+import (
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/fsm"
+	"github.com/kmm-project/kmm/worker"
+)
+
+func intent(firmware string, secret bool) *fsm.WorkerIntent {
+	e := kmmv1beta1.NodeModuleSpec{Namespace: "drivers", Name: "nic", ServiceAccountName: "loader",
+		Tolerations: []corev1.Toleration{{Key: "dedicated", Operator: corev1.TolerationOpExists}},
+		Config: kmmv1beta1.ModuleConfig{KernelVersion: "6.1.0-56-cloud-amd64", ContainerImage: "reg/nic:1",
+			Modprobe: kmmv1beta1.ModprobeSpec{ModuleName: "nic", DirName: "/opt", FirmwarePath: firmware}}}
+	if secret {
+		e.ImageRepoSecret = &corev1.LocalObjectReference{Name: "pull"}
+	}
+	return &fsm.WorkerIntent{Action: fsm.ActionLoad, Attempt: 3, Entry: e}
+}
+
+// TestWorkerPodShape checks the pod of SPEC §6.
+func TestWorkerPodShape(t *testing.T) {
+	pod, err := WorkerPod("node-1", "kmm-worker:1", intent("", true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := pod.Spec.Containers[0]
+	switch {
+	case pod.Name != "kmm-worker-node-1-drivers-nic" || pod.Namespace != "drivers":
+		t.Errorf("name %s/%s is not deterministic", pod.Namespace, pod.Name)
+	case pod.Spec.NodeName != "node-1" || pod.Spec.RestartPolicy != corev1.RestartPolicyNever:
+		t.Errorf("nodeName %q restartPolicy %q", pod.Spec.NodeName, pod.Spec.RestartPolicy)
+	case pod.Spec.AutomountServiceAccountToken == nil || *pod.Spec.AutomountServiceAccountToken:
+		t.Error("the service account token is mounted")
+	case *c.SecurityContext.Privileged || len(c.SecurityContext.Capabilities.Add) != 1 || c.SecurityContext.Capabilities.Add[0] != "SYS_MODULE":
+		t.Errorf("security context %+v, want SYS_MODULE and not privileged", c.SecurityContext)
+	case pod.Spec.ServiceAccountName != "loader" || len(pod.Spec.Tolerations) != 1:
+		t.Errorf("service account %q tolerations %v", pod.Spec.ServiceAccountName, pod.Spec.Tolerations)
+	case strings.Join(c.Args, " ") != "load --config /etc/kmm/config.json --cache-dir /var/lib/kmm/cache --pull-secret /var/run/kmm/pull-secret/.dockerconfigjson":
+		t.Errorf("args %q", c.Args)
+	case pod.Annotations[worker.AnnotationAttempt] != "3" || pod.Labels[worker.LabelWorker] != "true" || pod.Labels[worker.LabelManagedBy] != worker.ManagedBy:
+		t.Errorf("labels %v annotations %v", pod.Labels, pod.Annotations)
+	}
+	cfg, err := worker.ParseConfig([]byte(pod.Annotations[worker.AnnotationConfig]))
+	if err != nil || cfg.Config.ContainerImage != "reg/nic:1" || cfg.SetFirmwareClassPath {
+		t.Errorf("config annotation %v: %+v", err, cfg)
+	}
+	if !hasDownwardConfig(pod) {
+		t.Error("the config annotation is not mounted through the downward API")
+	}
+}
+
+func hasDownwardConfig(pod *corev1.Pod) bool {
+	for _, v := range pod.Spec.Volumes {
+		if v.DownwardAPI != nil && strings.Contains(v.DownwardAPI.Items[0].FieldRef.FieldPath, worker.AnnotationConfig) {
+			return true
+		}
+	}
+	return false
+}
+
+func TestWorkerPodIsPrivilegedOnlyForFirmware(t *testing.T) {
+	pod, err := WorkerPod("n", "img", intent("/firmware", false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !*pod.Spec.Containers[0].SecurityContext.Privileged {
+		t.Fatal("a firmware load needs a privileged pod to write /sys")
+	}
+	cfg, _ := worker.ParseConfig([]byte(pod.Annotations[worker.AnnotationConfig]))
+	if !cfg.SetFirmwareClassPath || cfg.FirmwareHostPath != FirmwareHostPath {
+		t.Fatalf("config %+v", cfg)
+	}
+}
+
+func TestWorkerPodNameStaysValid(t *testing.T) {
+	long := strings.Repeat("n", 250)
+	if n := WorkerPodName(long, "ns", "m"); len(n) > 253 || n == WorkerPodName(long+"x", "ns", "m") {
+		t.Fatalf("name %q (%d)", n, len(n))
+	}
+}
+
+// TestObserveWorkerReadsTheResult round-trips a pod through ObserveWorker.
+func TestObserveWorkerReadsTheResult(t *testing.T) {
+	pod, _ := WorkerPod("n", "img", intent("", true))
+	res := worker.Result{Action: worker.ActionLoad, Namespace: "drivers", Name: "nic", Kernel: "k", BootID: "b7",
+		ImageDigest: "sha256:ab", Outcome: worker.OutcomeFailed, Reason: worker.ReasonImagePull, Message: "manifest unknown"}
+	msg, err := res.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod.Status.Phase = corev1.PodFailed
+	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: worker.ContainerName, State: corev1.ContainerState{
+		Terminated: &corev1.ContainerStateTerminated{ExitCode: 1, Message: string(msg), FinishedAt: metav1.Now()}}}}
+	w := ObserveWorker(pod)
+	if w.Phase != fsm.PodFailed || w.Action != fsm.ActionLoad || w.Attempt != 3 || w.Result.Reason != "ImagePull" ||
+		w.Result.BootID != "b7" || w.Entry.Config.ContainerImage != "reg/nic:1" || w.Entry.ImageRepoSecret == nil {
+		t.Fatalf("observed %+v", w)
+	}
+
+	pod.Status.ContainerStatuses = nil
+	pod.Status.Reason, pod.Status.Message = "Evicted", "node under memory pressure"
+	if w := ObserveWorker(pod); w.Result.Reason != "Other" || !strings.Contains(w.Result.Message, "Evicted") {
+		t.Fatalf("an evicted pod without a result: %+v", w.Result)
+	}
+}
