@@ -11,8 +11,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -56,6 +58,11 @@ type Options struct {
 	NMCConcurrency int
 	// DisableControllers runs only the webhook (for tests of admission alone).
 	DisableControllers bool
+	// BackOff is the retry policy after worker failures.
+	BackOff fsm.BackOff
+	// AllowRestartInProcess lets a process run a second manager after the first stopped (tests of
+	// operator restarts): controller names are otherwise unique per process.
+	AllowRestartInProcess bool
 }
 
 // DefaultOptions are the settings the flags start from.
@@ -68,6 +75,7 @@ func DefaultOptions() Options {
 		WebhookPort:    9443,
 		WorkerImage:    "kmm-worker:dev",
 		NMCConcurrency: 8,
+		BackOff:        fsm.DefaultBackOff,
 	}
 }
 
@@ -85,12 +93,17 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.DisableWebhook, "disable-webhook", o.DisableWebhook, "Do not serve the admission webhook (the CRD schema still validates).")
 	fs.StringVar(&o.WorkerImage, "worker-image", o.WorkerImage, "Image of the worker pods that load and unload modules.")
 	fs.IntVar(&o.NMCConcurrency, "nmc-concurrency", o.NMCConcurrency, "Nodes the NMC controller reconciles concurrently.")
+	fs.DurationVar(&o.BackOff.Base, "worker-backoff", o.BackOff.Base, "Wait after a first worker failure; it doubles with each further failure.")
+	fs.DurationVar(&o.BackOff.Max, "worker-backoff-max", o.BackOff.Max, "Longest wait between worker retries.")
 }
 
 // Validate reports options that cannot work.
 func (o *Options) Validate() error {
 	if o.QPS <= 0 || o.Burst <= 0 {
 		return fmt.Errorf("kube-api-qps and kube-api-burst must be positive, got %v and %d", o.QPS, o.Burst)
+	}
+	if o.BackOff.Base <= 0 || o.BackOff.Max < o.BackOff.Base {
+		return fmt.Errorf("worker-backoff must be positive and at most worker-backoff-max, got %v and %v", o.BackOff.Base, o.BackOff.Max)
 	}
 	if o.WorkerImage == "" || o.NMCConcurrency < 1 {
 		return fmt.Errorf("worker-image must be set and nmc-concurrency at least 1, got %q and %d", o.WorkerImage, o.NMCConcurrency)
@@ -124,6 +137,7 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 		LeaderElection:          o.LeaderElect,
 		LeaderElectionID:        LeaderElectionID,
 		LeaderElectionNamespace: o.LeaderElectNamespace,
+		Controller:              config.Controller{SkipNameValidation: ptr.To(o.AllowRestartInProcess)},
 		// kmm reads only its own pods (worker and device plugin pods), not every pod in the cluster.
 		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
 			&corev1.Pod{}: {Label: labels.SelectorFromSet(labels.Set{worker.LabelManagedBy: worker.ManagedBy})},
@@ -169,7 +183,7 @@ func setupControllers(mgr ctrl.Manager, o Options) error {
 		Recorder:                mgr.GetEventRecorder("kmm-nmc"),
 		Clock:                   clock.RealClock{},
 		WorkerImage:             o.WorkerImage,
-		BackOff:                 fsm.DefaultBackOff,
+		BackOff:                 o.BackOff,
 		MaxConcurrentReconciles: o.NMCConcurrency,
 	}
 	if err := nmc.SetupWithManager(mgr); err != nil {

@@ -1,0 +1,406 @@
+package controllers_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/controllers"
+	"github.com/kmm-project/kmm/fsm"
+)
+
+// TestLoadOnThreeNodes: all pairs Loaded, ready labels, status 3/3/3 and Ready, device plugin DaemonSet.
+func TestLoadOnThreeNodes(t *testing.T) {
+	startOperator(t)
+	tb := newTestBed(t, 3, kernelA)
+	m := tb.module("nic")
+	m.Spec.DevicePlugin = &kmmv1beta1.DevicePluginSpec{Container: kmmv1beta1.DevicePluginContainerSpec{Image: "reg.example.com/nic-dp:1"}}
+	tb.create(m)
+
+	tb.waitLoaded("nic", "reg.example.com/nic:a", tb.nodes...)
+	for _, n := range tb.nodes {
+		if _, ok := getNode(t, n).Labels[fsm.ReadyLabel(tb.ns, "nic")]; !ok {
+			t.Errorf("node %s lacks the ready label", n)
+		}
+	}
+	eventually(t, 20*time.Second, func() (bool, string) {
+		got := &kmmv1beta1.Module{}
+		if err := k8s.Get(context.Background(), client.ObjectKeyFromObject(m), got); err != nil {
+			return false, err.Error()
+		}
+		s := got.Status.ModuleLoader
+		ready := meta.IsStatusConditionTrue(got.Status.Conditions, kmmv1beta1.ConditionReady)
+		return s.NodesMatchingSelectorNumber == 3 && s.DesiredNumber == 3 && s.AvailableNumber == 3 && ready &&
+				got.Status.NodesByState[kmmv1beta1.StateLoaded] == 3,
+			fmt.Sprintf("status %+v conditions %+v", got.Status.ModuleLoader, got.Status.Conditions)
+	})
+	ds := &appsv1.DaemonSet{}
+	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: tb.ns, Name: controllers.DevicePluginName(m)}, ds); err != nil {
+		t.Fatalf("device plugin DaemonSet: %v", err)
+	}
+	if _, ok := ds.Spec.Template.Spec.NodeSelector[fsm.ReadyLabel(tb.ns, "nic")]; !ok || ds.Spec.Template.Spec.Containers[0].Image != "reg.example.com/nic-dp:1" {
+		t.Fatalf("device plugin DaemonSet selects %v with image %s", ds.Spec.Template.Spec.NodeSelector, ds.Spec.Template.Spec.Containers[0].Image)
+	}
+	for _, n := range tb.nodes {
+		if c := node.RunCount(n, tb.ns+"/nic"); c != 1 {
+			t.Errorf("node %s ran %d worker pods for one load, want 1", n, c)
+		}
+	}
+	assertMetric(t, "kmm_transitions_total", "Loading", "Loaded", "WorkerSucceeded")
+	assertMetric(t, "kmm_pairs", tb.ns, "nic", "Loaded")
+	assertMetric(t, "kmm_worker_pod_duration_seconds", "load", "Succeeded")
+}
+
+// assertMetric checks that the operator's registry has a positive sample of the metric with every
+// given label value.
+func assertMetric(t *testing.T, name string, values ...string) {
+	t.Helper()
+	eventually(t, 10*time.Second, func() (bool, string) {
+		families, err := metrics.Registry.Gather()
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, f := range families {
+			if f.GetName() != name {
+				continue
+			}
+			for _, m := range f.GetMetric() {
+				labels := m.String()
+				ok := m.GetGauge().GetValue() > 0 || m.GetCounter().GetValue() > 0 || m.GetHistogram().GetSampleCount() > 0
+				for _, v := range values {
+					ok = ok && strings.Contains(labels, `"`+v+`"`)
+				}
+				if ok {
+					return true, ""
+				}
+			}
+		}
+		return false, fmt.Sprintf("a sample of %s with %v", name, values)
+	})
+}
+
+// TestKernelUpgradeLoadsTheNewMappingAndUnmappedKernelIsReported.
+func TestKernelUpgradeLoadsTheNewMappingAndUnmappedKernelIsReported(t *testing.T) {
+	startOperator(t)
+	tb := newTestBed(t, 1, kernelA)
+	tb.addNode(tb.nodes[0]+"-old", "4.18.0-1.el8.x86_64")
+	tb.create(tb.module("nic"))
+	tb.waitLoaded("nic", "reg.example.com/nic:a", tb.nodes[0])
+
+	if err := node.SetKernel(context.Background(), tb.nodes[0], kernelB); err != nil {
+		t.Fatal(err)
+	}
+	tb.waitLoaded("nic", "reg.example.com/nic:b-6.1.0", tb.nodes[0])
+
+	eventually(t, 20*time.Second, func() (bool, string) {
+		got := &kmmv1beta1.Module{}
+		_ = k8s.Get(context.Background(), client.ObjectKey{Namespace: tb.ns, Name: "nic"}, got)
+		c := meta.FindStatusCondition(got.Status.Conditions, kmmv1beta1.ConditionDegraded)
+		return c != nil && c.Status == metav1.ConditionTrue && c.Reason == kmmv1beta1.ReasonNoKernelMapping && strings.Contains(c.Message, tb.nodes[1]),
+			fmt.Sprintf("Degraded condition %+v", c)
+	})
+	if st := pairStatus(tb.nodes[1], tb.ns, "nic"); st != nil && st.State != kmmv1beta1.StateAbsent {
+		t.Fatalf("the unmapped node has state %s", describe(st))
+	}
+	if len(workerPodsOn(t, tb.nodes[1])) != 0 || node.RunCount(tb.nodes[1], tb.ns+"/nic") != 0 {
+		t.Fatal("a worker pod ran on the node without a kernel mapping")
+	}
+}
+
+// TestRebootReloads: a new boot ID reloads the module.
+func TestRebootReloads(t *testing.T) {
+	startOperator(t)
+	tb := newTestBed(t, 1, kernelA)
+	tb.create(tb.module("nic"))
+	n := tb.nodes[0]
+	tb.waitLoaded("nic", "reg.example.com/nic:a", n)
+
+	if err := node.Reboot(context.Background(), n); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := node.Loaded(n)[tb.ns+"/nic"]; ok {
+		t.Fatal("the agent still has the module loaded after a reboot")
+	}
+	tb.waitLoaded("nic", "reg.example.com/nic:a", n)
+	if st := pairStatus(n, tb.ns, "nic"); st.BootID != node.BootID(n) {
+		t.Fatalf("status boot ID %s, node boot ID %s", st.BootID, node.BootID(n))
+	}
+	if c := node.RunCount(n, tb.ns+"/nic"); c != 2 {
+		t.Fatalf("%d worker runs, want 2 (load, reload)", c)
+	}
+}
+
+// TestNotReadyNodeGetsNoWorkerPod: rule 1 of seed 000.
+func TestNotReadyNodeGetsNoWorkerPod(t *testing.T) {
+	startOperator(t)
+	tb := newTestBed(t, 1, kernelA)
+	n := tb.nodes[0]
+	if err := node.SetReady(context.Background(), n, false); err != nil {
+		t.Fatal(err)
+	}
+	tb.create(tb.module("nic"))
+	eventually(t, 20*time.Second, func() (bool, string) {
+		nmc := &kmmv1beta1.NodeModulesConfig{}
+		err := k8s.Get(context.Background(), client.ObjectKey{Name: n}, nmc)
+		return err == nil && len(nmc.Spec.Modules) == 1, "the NMC spec entry of the NotReady node"
+	})
+	time.Sleep(2 * time.Second) // give the NMC controller time to do the wrong thing
+	if pods := workerPodsOn(t, n); len(pods) != 0 {
+		t.Fatalf("worker pod %s created on a NotReady node", pods[0].Name)
+	}
+	if err := node.SetReady(context.Background(), n, true); err != nil {
+		t.Fatal(err)
+	}
+	tb.waitLoaded("nic", "reg.example.com/nic:a", n)
+}
+
+// TestWorkerFailureBacksOffAndFixingTheImageRecovers.
+func TestWorkerFailureBacksOffAndFixingTheImageRecovers(t *testing.T) {
+	startOperator(t)
+	tb := newTestBed(t, 1, kernelA)
+	n := tb.nodes[0]
+	m := tb.module("nic")
+	m.Spec.ModuleLoader.Container.KernelMappings[0].ContainerImage = "reg.example.com/nic:broken"
+	tb.create(m)
+
+	eventually(t, 30*time.Second, func() (bool, string) {
+		st := pairStatus(n, tb.ns, "nic")
+		return st != nil && st.Attempts >= 2, "two failed attempts: " + describe(pairStatus(n, tb.ns, "nic"))
+	})
+	st := pairStatus(n, tb.ns, "nic")
+	if !strings.Contains(st.Message, "ImagePull") {
+		t.Errorf("status message %q does not give the reason class", st.Message)
+	}
+	eventually(t, 20*time.Second, func() (bool, string) {
+		got := &kmmv1beta1.Module{}
+		_ = k8s.Get(context.Background(), client.ObjectKeyFromObject(m), got)
+		c := meta.FindStatusCondition(got.Status.Conditions, kmmv1beta1.ConditionDegraded)
+		return c != nil && c.Status == metav1.ConditionTrue && c.Reason == kmmv1beta1.ReasonWorkerFailing, fmt.Sprintf("Degraded %+v", c)
+	})
+	eventually(t, 20*time.Second, func() (bool, string) {
+		evs := &eventsv1.EventList{}
+		_ = k8s.List(context.Background(), evs, client.InNamespace(tb.ns))
+		for _, e := range evs.Items {
+			if e.Reason == string(fsm.WorkerFailed) && e.Type == corev1.EventTypeWarning && e.Regarding.Name == "nic" {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("a Warning Event WorkerFailed on the Module among %d events", len(evs.Items))
+	})
+
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		got := &kmmv1beta1.Module{}
+		if err := k8s.Get(context.Background(), client.ObjectKeyFromObject(m), got); err != nil {
+			return err
+		}
+		got.Spec.ModuleLoader.Container.KernelMappings[0].ContainerImage = "reg.example.com/nic:fixed"
+		return k8s.Update(context.Background(), got)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb.waitLoaded("nic", "reg.example.com/nic:fixed", n)
+	if st := pairStatus(n, tb.ns, "nic"); st.Attempts != 0 {
+		t.Fatalf("attempts %d after a success, want 0", st.Attempts)
+	}
+}
+
+// TestModuleDeletionUnloadsEverywhereAndLeavesNothing.
+func TestModuleDeletionUnloadsEverywhereAndLeavesNothing(t *testing.T) {
+	startOperator(t)
+	tb := newTestBed(t, 2, kernelA)
+	m := tb.module("nic")
+	m.Spec.DevicePlugin = &kmmv1beta1.DevicePluginSpec{Container: kmmv1beta1.DevicePluginContainerSpec{Image: "reg.example.com/nic-dp:1"}}
+	tb.create(m)
+	tb.waitLoaded("nic", "reg.example.com/nic:a", tb.nodes...)
+
+	if err := k8s.Delete(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, func() (bool, string) {
+		err := k8s.Get(context.Background(), client.ObjectKeyFromObject(m), &kmmv1beta1.Module{})
+		return apierrors.IsNotFound(err), "the Module to be gone (finalizer released)"
+	})
+	for _, n := range tb.nodes {
+		if _, ok := node.Loaded(n)[tb.ns+"/nic"]; ok {
+			t.Errorf("still loaded on %s", n)
+		}
+		for k := range getNode(t, n).Labels {
+			if strings.Contains(k, tb.ns+".nic") {
+				t.Errorf("node %s keeps label %s", n, k)
+			}
+		}
+		if st := pairStatus(n, tb.ns, "nic"); st != nil {
+			t.Errorf("NMC of %s keeps %s", n, describe(st))
+		}
+		if runs := unloadRuns(n, tb.ns+"/nic"); runs != 1 {
+			t.Errorf("%d unload runs on %s, want 1", runs, n)
+		}
+	}
+	eventually(t, 10*time.Second, func() (bool, string) {
+		list := &appsv1.DaemonSetList{}
+		_ = k8s.List(context.Background(), list, client.InNamespace(tb.ns))
+		pods := &corev1.PodList{}
+		_ = k8s.List(context.Background(), pods, client.InNamespace(tb.ns))
+		return len(list.Items) == 0 && len(pods.Items) == 0, fmt.Sprintf("%d DaemonSets and %d pods left", len(list.Items), len(pods.Items))
+	})
+}
+
+func unloadRuns(n, module string) int {
+	c := 0
+	for _, r := range node.Runs() {
+		if r.Node == n && r.Module == module && r.Action == "unload" {
+			c++
+		}
+	}
+	return c
+}
+
+// TestConcurrentModulesKeepEachOthersEntries edits two Modules at once on the same nodes and
+// checks every NMC revision: once both entries are there, neither ever disappears.
+func TestConcurrentModulesKeepEachOthersEntries(t *testing.T) {
+	startOperator(t)
+	tb := newTestBed(t, 3, kernelA)
+	revisions := watchNMCs(t, tb.nodes)
+	for _, name := range []string{"alpha", "beta"} {
+		tb.create(tb.module(name))
+	}
+	var wg sync.WaitGroup
+	for _, name := range []string{"alpha", "beta"} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 5 {
+				setImage(t, tb.ns, name, fmt.Sprintf("reg.example.com/%s:v%d", name, i))
+			}
+		}()
+	}
+	wg.Wait()
+	tb.waitLoaded("alpha", "reg.example.com/alpha:v4", tb.nodes...)
+	tb.waitLoaded("beta", "reg.example.com/beta:v4", tb.nodes...)
+	for n, revs := range revisions.snapshot() {
+		both := false
+		for _, entries := range revs {
+			has := entries[tb.ns+"/alpha"] && entries[tb.ns+"/beta"]
+			if both && !has {
+				t.Fatalf("an NMC revision of %s lost an entry: %v", n, entries)
+			}
+			both = both || has
+		}
+		if !both || len(revs) < 2 {
+			t.Fatalf("watched %d revisions of %s, never with both entries", len(revs), n)
+		}
+	}
+}
+
+func setImage(t *testing.T, ns, name, image string) {
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		m := &kmmv1beta1.Module{}
+		if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, m); err != nil {
+			return err
+		}
+		m.Spec.ModuleLoader.Container.KernelMappings[0].ContainerImage = image
+		return k8s.Update(context.Background(), m)
+	})
+	if err != nil {
+		t.Error(err)
+	}
+}
+
+// nmcRevisions records the spec entries of every revision of the watched NMCs.
+type nmcRevisions struct {
+	mu   sync.Mutex
+	revs map[string][]map[string]bool
+}
+
+func (r *nmcRevisions) snapshot() map[string][]map[string]bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[string][]map[string]bool{}
+	for k, v := range r.revs {
+		out[k] = append([]map[string]bool(nil), v...)
+	}
+	return out
+}
+
+func watchNMCs(t *testing.T, nodes []string) *nmcRevisions {
+	t.Helper()
+	wc, err := client.NewWithWatch(env.Config, client.Options{Scheme: k8s.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	w, err := wc.Watch(ctx, &kmmv1beta1.NodeModulesConfigList{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{}
+	for _, n := range nodes {
+		want[n] = true
+	}
+	r := &nmcRevisions{revs: map[string][]map[string]bool{}}
+	go func() {
+		for ev := range w.ResultChan() {
+			nmc, ok := ev.Object.(*kmmv1beta1.NodeModulesConfig)
+			if !ok || !want[nmc.Name] {
+				continue
+			}
+			entries := map[string]bool{}
+			for _, e := range nmc.Spec.Modules {
+				entries[e.Namespace+"/"+e.Name] = true
+			}
+			r.mu.Lock()
+			r.revs[nmc.Name] = append(r.revs[nmc.Name], entries)
+			r.mu.Unlock()
+		}
+	}()
+	return r
+}
+
+// TestOperatorRestartMidLoad stops the operator while load pods run and starts a new one: no
+// second worker pod for any pair, and every pair converges.
+func TestOperatorRestartMidLoad(t *testing.T) {
+	op := startOperator(t)
+	tb := newTestBed(t, 3, kernelA)
+	var hold sync.Map
+	hold.Store("on", true)
+	node.SetHold(func(p *corev1.Pod) bool {
+		_, on := hold.Load("on")
+		return on && p.Namespace == tb.ns
+	})
+	t.Cleanup(func() { node.SetHold(nil) })
+	tb.create(tb.module("nic"))
+	eventually(t, 20*time.Second, func() (bool, string) {
+		for _, n := range tb.nodes {
+			if len(workerPodsOn(t, n)) != 1 {
+				return false, "a running load pod on " + n
+			}
+		}
+		return true, ""
+	})
+	op.stop()
+	startOperator(t)
+	time.Sleep(2 * time.Second) // the new operator sees the running pods and must not add any
+	hold.Delete("on")
+	tb.waitLoaded("nic", "reg.example.com/nic:a", tb.nodes...)
+	for _, n := range tb.nodes {
+		if c := node.RunCount(n, tb.ns+"/nic"); c != 1 {
+			t.Errorf("%d worker runs on %s across the restart, want 1", c, n)
+		}
+	}
+}

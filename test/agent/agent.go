@@ -1,0 +1,299 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/worker"
+)
+
+// DefaultInterval is how often the agent looks at every pod and node when no watch event woke it.
+const DefaultInterval = 50 * time.Millisecond
+
+// Options tune an Agent. The zero value is usable.
+type Options struct {
+	// RunDelay is how long a worker pod runs before it completes; the pod is Running meanwhile.
+	// Zero completes a pod as soon as the agent sees it (Pending straight to Succeeded or Failed).
+	RunDelay time.Duration
+	// Outcome decides how a run ends; nil means DefaultOutcome. SetOutcome replaces it.
+	Outcome OutcomeFunc
+	// Hold keeps a worker pod Running, not completed, while it returns true; nil holds nothing.
+	// Deletion and reboots still end a held pod. SetHold replaces it. Like Outcome, it is called
+	// with the agent's lock held: it must be fast and must not call the Agent.
+	Hold func(pod *corev1.Pod) bool
+	// Interval is how often the agent re-examines everything without a watch event (RunDelay,
+	// Hold); zero means DefaultInterval.
+	Interval time.Duration
+	// Clock is the agent's time source; nil means the real clock.
+	Clock clock.WithTicker
+	// Log receives the errors the agent retries; the zero Logger discards them.
+	Log logr.Logger
+}
+
+// Run records one worker pod the agent ended, successfully or not.
+type Run struct {
+	// Node is the node the pod ran on.
+	Node string
+	// Namespace of the worker pod.
+	Namespace string
+	// Pod is the name of the worker pod.
+	Pod string
+	// UID tells apart pods of the same name.
+	UID types.UID
+	// Module is "<namespace>/<name>" of the Module.
+	Module string
+	// Action is load or unload.
+	Action worker.Action
+	// Result is what the agent wrote as the termination message.
+	Result worker.Result
+	// Time is when the agent ended the pod.
+	Time time.Time
+}
+
+// Agent is the simulated kubelet of the nodes it manages. Create it with New, run it with Start.
+type Agent struct {
+	cfg    *rest.Config
+	scheme *runtime.Scheme
+	client client.Client
+	clock  clock.WithTicker
+	log    logr.Logger
+	opts   Options
+	wake   chan struct{}
+
+	mu       sync.Mutex
+	outcome  OutcomeFunc
+	hold     func(*corev1.Pod) bool
+	nodes    map[string]*nodeState
+	seen     map[types.UID]time.Time // when a pod was first seen runnable
+	finished map[types.UID]bool      // pods the agent ended
+	deleted  map[types.UID]bool      // pods whose deletion the agent confirmed
+	runs     []Run
+	started  bool
+}
+
+// New returns an Agent that reaches the API server with cfg. It manages no node until AddNode.
+func New(cfg *rest.Config, opts Options) (*Agent, error) {
+	scheme := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, fmt.Errorf("creating the agent's client: %w", err)
+	}
+	if opts.Interval <= 0 {
+		opts.Interval = DefaultInterval
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
+	}
+	if opts.Outcome == nil {
+		opts.Outcome = DefaultOutcome
+	}
+	return &Agent{
+		cfg: cfg, scheme: scheme, client: c, clock: opts.Clock, log: opts.Log, opts: opts,
+		wake:    make(chan struct{}, 1),
+		outcome: opts.Outcome, hold: opts.Hold,
+		nodes: map[string]*nodeState{}, seen: map[types.UID]time.Time{},
+		finished: map[types.UID]bool{}, deleted: map[types.UID]bool{},
+	}, nil
+}
+
+// Client is the agent's direct (uncached) client, for tests that want one.
+func (a *Agent) Client() client.Client { return a.client }
+
+// SetOutcome replaces Options.Outcome for the runs that end from now on; nil restores DefaultOutcome.
+func (a *Agent) SetOutcome(f OutcomeFunc) {
+	if f == nil {
+		f = DefaultOutcome
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.outcome = f
+	a.poke()
+}
+
+// SetHold replaces Options.Hold; nil holds nothing.
+func (a *Agent) SetHold(f func(pod *corev1.Pod) bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.hold = f
+	a.poke()
+}
+
+// Start runs the agent until ctx is done: it watches worker pods and nodes and acts on them. It
+// returns nil when ctx ends and an error when the watches cannot start. It may be called once; an
+// Agent is a controller-runtime manager.Runnable, so mgr.Add(agent) works too.
+func (a *Agent) Start(ctx context.Context) error {
+	a.mu.Lock()
+	if a.started {
+		a.mu.Unlock()
+		return errors.New("the agent was already started")
+	}
+	a.started = true
+	a.mu.Unlock()
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	c, err := a.startCache(ctx)
+	if err != nil {
+		return err
+	}
+	ticker := a.clock.NewTicker(a.opts.Interval)
+	defer ticker.Stop()
+	for {
+		a.syncAll(ctx, c)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-a.wake:
+		case <-ticker.C():
+		}
+	}
+}
+
+// NeedLeaderElection says that the agent runs in a manager whether or not it leads: it is not
+// part of the operator.
+func (a *Agent) NeedLeaderElection() bool { return false }
+
+// startCache starts informers on worker pods and nodes whose events wake the loop.
+func (a *Agent) startCache(ctx context.Context) (cache.Cache, error) {
+	c, err := cache.New(a.cfg, cache.Options{
+		Scheme: a.scheme,
+		ByObject: map[client.Object]cache.ByObject{
+			&corev1.Pod{}: {Label: workerSelector()},
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("creating the agent's cache: %w", err)
+	}
+	handler := toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { a.poke() },
+		UpdateFunc: func(any, any) { a.poke() },
+		DeleteFunc: func(any) { a.poke() },
+	}
+	for _, obj := range []client.Object{&corev1.Pod{}, &corev1.Node{}} {
+		inf, err := c.GetInformer(ctx, obj)
+		if err != nil {
+			return nil, fmt.Errorf("watching %T: %w", obj, err)
+		}
+		if _, err := inf.AddEventHandler(handler); err != nil {
+			return nil, fmt.Errorf("watching %T: %w", obj, err)
+		}
+	}
+	go func() {
+		if err := c.Start(ctx); err != nil {
+			a.log.Error(err, "The agent's cache stopped")
+		}
+	}()
+	if !c.WaitForCacheSync(ctx) {
+		return nil, errors.New("the agent's cache did not sync")
+	}
+	return c, nil
+}
+
+// poke wakes the loop without blocking.
+func (a *Agent) poke() {
+	select {
+	case a.wake <- struct{}{}:
+	default:
+	}
+}
+
+// syncAll looks at every worker pod and managed node once. Errors are logged and retried on the
+// next pass: every step is idempotent and re-reads the object before writing it.
+func (a *Agent) syncAll(ctx context.Context, c cache.Cache) {
+	var pods corev1.PodList
+	if err := c.List(ctx, &pods, client.MatchingLabelsSelector{Selector: workerSelector()}); err != nil {
+		a.log.Error(err, "Listing worker pods")
+		return
+	}
+	present := make(map[types.UID]bool, len(pods.Items))
+	for i := range pods.Items {
+		pod := &pods.Items[i]
+		present[pod.UID] = true
+		if err := a.syncPod(ctx, pod); err != nil && ctx.Err() == nil {
+			a.log.Error(err, "Running a worker pod", "namespace", pod.Namespace, "pod", pod.Name, "node", pod.Spec.NodeName)
+		}
+	}
+	a.forgetPods(present)
+
+	var nodes corev1.NodeList
+	if err := c.List(ctx, &nodes); err != nil {
+		a.log.Error(err, "Listing nodes")
+		return
+	}
+	for i := range nodes.Items {
+		if err := a.syncNode(ctx, &nodes.Items[i]); err != nil && ctx.Err() == nil {
+			a.log.Error(err, "Re-asserting a node's status", "node", nodes.Items[i].Name)
+		}
+	}
+}
+
+// forgetPods drops the bookkeeping of pods that no longer exist.
+func (a *Agent) forgetPods(present map[types.UID]bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, m := range []map[types.UID]bool{a.finished, a.deleted} {
+		for uid := range m {
+			if !present[uid] {
+				delete(m, uid)
+			}
+		}
+	}
+	for uid := range a.seen {
+		if !present[uid] {
+			delete(a.seen, uid)
+		}
+	}
+}
+
+// Runs returns every worker pod the agent ended, oldest first.
+func (a *Agent) Runs() []Run {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]Run(nil), a.runs...)
+}
+
+// RunCount is how many worker pods for module ("<namespace>/<name>") the agent ended on node.
+func (a *Agent) RunCount(node, module string) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := 0
+	for _, r := range a.runs {
+		if r.Node == node && r.Module == module {
+			n++
+		}
+	}
+	return n
+}
+
+// Loaded returns a copy of the modules the simulated kernel of node has loaded, by
+// "<namespace>/<name>" of the Module; nil for a node the agent does not manage.
+func (a *Agent) Loaded(node string) map[string]kmmv1beta1.ModuleConfig {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	st := a.nodes[node]
+	if st == nil {
+		return nil
+	}
+	out := make(map[string]kmmv1beta1.ModuleConfig, len(st.loaded))
+	for k, v := range st.loaded {
+		out[k] = *v.DeepCopy()
+	}
+	return out
+}

@@ -1,0 +1,123 @@
+package agent
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"path"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/kmm-project/kmm/worker"
+)
+
+// RunInput is everything an OutcomeFunc may look at: the facts of one simulated worker run.
+type RunInput struct {
+	// Node is the node the pod runs on.
+	Node string
+	// NodeKernel is the node's current kernel version.
+	NodeKernel string
+	// Action is the pod's worker.LabelAction.
+	Action worker.Action
+	// Config is the worker Config parsed from the pod's worker.AnnotationConfig.
+	Config worker.Config
+	// Pod is the worker pod; an OutcomeFunc must not modify it.
+	Pod *corev1.Pod
+}
+
+// Verdict is how a simulated worker run ends. The agent turns it into a worker.Result.
+type Verdict struct {
+	// Outcome is worker.OutcomeSucceeded or worker.OutcomeFailed.
+	Outcome worker.Outcome
+	// Reason classifies a failure; it must be empty on success.
+	Reason worker.Reason
+	// Message explains a failure.
+	Message string
+	// Stderr is a simulated modprobe standard error tail.
+	Stderr string
+}
+
+// OutcomeFunc decides how a worker run ends. It must be pure and fast: the agent calls it with its
+// lock held.
+type OutcomeFunc func(in RunInput) Verdict
+
+// Succeeded is the verdict of a run that did what it was asked.
+func Succeeded() Verdict { return Verdict{Outcome: worker.OutcomeSucceeded} }
+
+// Failed is the verdict of a run that failed for reason with message.
+func Failed(reason worker.Reason, message string) Verdict {
+	return Verdict{Outcome: worker.OutcomeFailed, Reason: reason, Message: message}
+}
+
+// brokenImageMarkers make DefaultOutcome fail a load with ImagePull when the image reference
+// contains one of them.
+var brokenImageMarkers = []string{"broken", "doesnotexist"}
+
+// DefaultOutcome is the outcome an Agent uses unless Options.Outcome says otherwise. A load fails
+// with ImagePull when the image reference contains "broken" or "doesnotexist", with NotFound when
+// the config was resolved for another kernel than the node runs, and succeeds otherwise. An unload
+// always succeeds: unloading a module that is not loaded is not an error.
+func DefaultOutcome(in RunInput) Verdict {
+	if in.Action != worker.ActionLoad {
+		return Succeeded()
+	}
+	mc := in.Config.Config
+	for _, m := range brokenImageMarkers {
+		if strings.Contains(mc.ContainerImage, m) {
+			return Failed(worker.ReasonImagePull, fmt.Sprintf("pulling %s: simulated: MANIFEST_UNKNOWN: manifest unknown", mc.ContainerImage))
+		}
+	}
+	if mc.KernelVersion != in.NodeKernel {
+		dir := mc.Modprobe.DirName
+		if dir == "" {
+			dir = worker.DefaultDirName
+		}
+		return Failed(worker.ReasonNotFound, fmt.Sprintf("module %s: %s not found in image %s (config for kernel %s, node runs %s)",
+			mc.Modprobe.ModuleName, path.Join(dir, "lib/modules", in.NodeKernel), mc.ContainerImage, mc.KernelVersion, in.NodeKernel))
+	}
+	return Succeeded()
+}
+
+// ImageDigest is the digest the agent reports for an image reference: sha256 of the reference.
+func ImageDigest(image string) string {
+	sum := sha256.Sum256([]byte(image))
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// buildResult is the worker.Result a real worker would write for in ending with v on a node whose
+// current boot ID is bootID.
+func buildResult(in RunInput, bootID string, v Verdict) worker.Result {
+	mc := in.Config.Config
+	r := worker.Result{
+		Action:       in.Action,
+		Namespace:    in.Config.Namespace,
+		Name:         in.Config.Name,
+		KernelModule: mc.Modprobe.ModuleName,
+		Version:      mc.Version,
+		Kernel:       mc.KernelVersion,
+		BootID:       bootID,
+		Outcome:      v.Outcome,
+		Reason:       v.Reason,
+		Message:      v.Message,
+		Stderr:       v.Stderr,
+	}
+	if mc.ContainerImage != "" && v.Reason != worker.ReasonImagePull {
+		r.ImageDigest = ImageDigest(mc.ContainerImage)
+	}
+	return r
+}
+
+// podResult is the Result of a pod the agent fails without running it (bad config, reboot,
+// deletion): the Module comes from the config when it parses and from the pod labels otherwise.
+func podResult(pod *corev1.Pod, bootID, message string) worker.Result {
+	in := RunInput{Action: worker.Action(pod.Labels[worker.LabelAction])}
+	if cfg, err := worker.ParseConfig([]byte(pod.Annotations[worker.AnnotationConfig])); err == nil {
+		in.Config = cfg
+	} else {
+		in.Config.Namespace, in.Config.Name = pod.Labels[worker.LabelModuleNamespace], pod.Labels[worker.LabelModuleName]
+	}
+	r := buildResult(in, bootID, Failed(worker.ReasonOther, message))
+	r.ImageDigest = ""
+	return r
+}

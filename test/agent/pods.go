@@ -1,0 +1,250 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/kmm-project/kmm/worker"
+)
+
+// Exit codes and reasons of the simulated worker container.
+const (
+	exitSucceeded   = 0
+	exitFailed      = 1
+	reasonCompleted = "Completed"
+	reasonError     = "Error"
+)
+
+// workerSelector selects worker pods.
+func workerSelector() labels.Selector {
+	return labels.SelectorFromSet(labels.Set{worker.LabelWorker: "true"})
+}
+
+// isTerminal says whether pod has ended.
+func isTerminal(pod *corev1.Pod) bool {
+	return pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
+}
+
+// syncPod moves one worker pod (as cached) along: confirm its deletion, hold it Running, or end it.
+// Pods on nodes the agent does not manage, or on NotReady nodes, are left alone.
+func (a *Agent) syncPod(ctx context.Context, pod *corev1.Pod) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	st := a.nodes[pod.Spec.NodeName]
+	if st == nil || !st.ready {
+		return nil
+	}
+	if pod.DeletionTimestamp != nil {
+		return a.confirmDeletion(ctx, st, pod)
+	}
+	if isTerminal(pod) || a.finished[pod.UID] {
+		return nil
+	}
+	now := a.clock.Now()
+	first, ok := a.seen[pod.UID]
+	if !ok {
+		first = now
+		a.seen[pod.UID] = now
+	}
+	if (a.hold != nil && a.hold(pod)) || now.Sub(first) < a.opts.RunDelay {
+		return a.markRunning(ctx, pod)
+	}
+	return a.runPod(ctx, st, pod)
+}
+
+// runPod ends pod with the outcome of its run and applies the run to the simulated kernel.
+func (a *Agent) runPod(ctx context.Context, st *nodeState, pod *corev1.Pod) error {
+	res, cfg := a.decide(st, pod)
+	wrote, err := a.finishPod(ctx, pod, res)
+	if err != nil {
+		return err
+	}
+	a.finished[pod.UID] = true
+	if !wrote {
+		return nil
+	}
+	if cfg != nil && res.Outcome == worker.OutcomeSucceeded {
+		switch res.Action {
+		case worker.ActionLoad:
+			st.loaded[cfg.ModuleID()] = *cfg.Config.DeepCopy()
+		case worker.ActionUnload:
+			delete(st.loaded, cfg.ModuleID())
+		}
+	}
+	a.record(st.name, pod, res)
+	return nil
+}
+
+// decide is the Result of running pod on st now, and the config it ran with (nil when the pod's
+// config or action is unusable, which fails the run as the real worker would).
+func (a *Agent) decide(st *nodeState, pod *corev1.Pod) (worker.Result, *worker.Config) {
+	cfg, err := worker.ParseConfig([]byte(pod.Annotations[worker.AnnotationConfig]))
+	if err != nil {
+		return podResult(pod, st.bootID, err.Error()), nil
+	}
+	action := worker.Action(pod.Labels[worker.LabelAction])
+	if action != worker.ActionLoad && action != worker.ActionUnload {
+		return podResult(pod, st.bootID, fmt.Sprintf("unknown action %q", action)), nil
+	}
+	in := RunInput{Node: st.name, NodeKernel: st.kernel, Action: action, Config: cfg, Pod: pod}
+	v := a.outcome(in)
+	if v.Outcome != worker.OutcomeSucceeded {
+		v.Outcome = worker.OutcomeFailed
+		if v.Reason == "" {
+			v.Reason = worker.ReasonOther
+		}
+	} else {
+		v.Reason = ""
+	}
+	return buildResult(in, st.bootID, v), &cfg
+}
+
+// failPod ends pod as Failed with reason Other and message, reporting bootID, without running it.
+func (a *Agent) failPod(ctx context.Context, st *nodeState, pod *corev1.Pod, bootID, message string) error {
+	res := podResult(pod, bootID, message)
+	wrote, err := a.finishPod(ctx, pod, res)
+	if err != nil {
+		return err
+	}
+	a.finished[pod.UID] = true
+	if wrote {
+		a.record(st.name, pod, res)
+	}
+	return nil
+}
+
+// confirmDeletion does what a kubelet does for a terminating pod: end it if it still runs, then
+// delete it with grace period 0 so that the API server removes it.
+func (a *Agent) confirmDeletion(ctx context.Context, st *nodeState, pod *corev1.Pod) error {
+	if a.deleted[pod.UID] {
+		return nil
+	}
+	if !isTerminal(pod) && !a.finished[pod.UID] {
+		if err := a.failPod(ctx, st, pod, st.bootID, "the worker pod was deleted before it finished"); err != nil {
+			return err
+		}
+	}
+	uid := pod.UID
+	err := a.client.Delete(ctx, pod, client.GracePeriodSeconds(0), client.Preconditions{UID: &uid})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		return fmt.Errorf("deleting pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	a.deleted[pod.UID] = true
+	return nil
+}
+
+// markRunning makes a pod that has not ended look like a running one.
+func (a *Agent) markRunning(ctx context.Context, pod *corev1.Pod) error {
+	if pod.Status.Phase == corev1.PodRunning {
+		return nil
+	}
+	now := a.now()
+	_, err := a.updatePodStatus(ctx, pod, func(p *corev1.Pod) bool {
+		if isTerminal(p) || p.Status.Phase == corev1.PodRunning {
+			return false
+		}
+		p.Status.Phase, p.Status.StartTime = corev1.PodRunning, &now
+		p.Status.ContainerStatuses = []corev1.ContainerStatus{containerStatus(p, corev1.ContainerState{
+			Running: &corev1.ContainerStateRunning{StartedAt: now},
+		})}
+		return true
+	})
+	return err
+}
+
+// finishPod writes res as pod's terminal status unless the pod already ended. It reports whether it
+// wrote; a pod that is gone is not an error.
+func (a *Agent) finishPod(ctx context.Context, pod *corev1.Pod, res worker.Result) (bool, error) {
+	msg, err := res.Marshal()
+	if err != nil {
+		return false, fmt.Errorf("encoding the result of pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	now := a.now()
+	return a.updatePodStatus(ctx, pod, func(p *corev1.Pod) bool {
+		if isTerminal(p) {
+			return false
+		}
+		setTerminated(p, res.Outcome, string(msg), now)
+		return true
+	})
+}
+
+// setTerminated gives p the terminal status of a worker container that ended with outcome at now.
+func setTerminated(p *corev1.Pod, outcome worker.Outcome, message string, now metav1.Time) {
+	phase, code, reason := corev1.PodSucceeded, int32(exitSucceeded), reasonCompleted
+	if outcome != worker.OutcomeSucceeded {
+		phase, code, reason = corev1.PodFailed, exitFailed, reasonError
+	}
+	started := now
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.Name == worker.ContainerName && cs.State.Running != nil {
+			started = cs.State.Running.StartedAt
+		}
+	}
+	if p.Status.StartTime == nil {
+		p.Status.StartTime = &started
+	}
+	p.Status.Phase = phase
+	p.Status.ContainerStatuses = []corev1.ContainerStatus{containerStatus(p, corev1.ContainerState{
+		Terminated: &corev1.ContainerStateTerminated{ExitCode: code, Reason: reason, Message: message,
+			StartedAt: started, FinishedAt: now, ContainerID: containerID(p)},
+	})}
+}
+
+// containerStatus is the status of p's worker container in state.
+func containerStatus(p *corev1.Pod, state corev1.ContainerState) corev1.ContainerStatus {
+	image := ""
+	for _, c := range p.Spec.Containers {
+		if c.Name == worker.ContainerName {
+			image = c.Image
+		}
+	}
+	running := state.Running != nil
+	return corev1.ContainerStatus{Name: worker.ContainerName, Image: image, ImageID: ImageDigest(image),
+		ContainerID: containerID(p), State: state, Ready: running, Started: &running}
+}
+
+// containerID is the simulated container runtime's ID of p's worker container.
+func containerID(p *corev1.Pod) string { return "kmm-test-agent://" + string(p.UID) }
+
+// updatePodStatus re-reads pod, lets mutate change it (false: nothing to write) and writes its
+// status, retrying on conflicts. It reports whether it wrote; a deleted or replaced pod is not an error.
+func (a *Agent) updatePodStatus(ctx context.Context, pod *corev1.Pod, mutate func(*corev1.Pod) bool) (bool, error) {
+	wrote := false
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		wrote = false
+		var p corev1.Pod
+		if err := a.client.Get(ctx, types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}, &p); err != nil {
+			return err
+		}
+		if p.UID != pod.UID || !mutate(&p) {
+			return nil
+		}
+		if err := a.client.Status().Update(ctx, &p); err != nil {
+			return err
+		}
+		wrote = true
+		return nil
+	})
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("updating the status of pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	return wrote, nil
+}
+
+// record appends a run to the history.
+func (a *Agent) record(node string, pod *corev1.Pod, res worker.Result) {
+	a.runs = append(a.runs, Run{Node: node, Namespace: pod.Namespace, Pod: pod.Name, UID: pod.UID,
+		Module: res.Namespace + "/" + res.Name, Action: res.Action, Result: res, Time: a.clock.Now()})
+}
