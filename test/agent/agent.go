@@ -9,6 +9,8 @@ import (
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -175,7 +177,8 @@ func (a *Agent) startCache(ctx context.Context) (cache.Cache, error) {
 	c, err := cache.New(a.cfg, cache.Options{
 		Scheme: a.scheme,
 		ByObject: map[client.Object]cache.ByObject{
-			&corev1.Pod{}: {Label: workerSelector()},
+			// Every pod bound to a node: worker pods, device plugin pods and workloads.
+			&corev1.Pod{}: {Field: fields.OneTermNotEqualSelector("spec.nodeName", "")},
 		},
 	})
 	if err != nil {
@@ -218,15 +221,19 @@ func (a *Agent) poke() {
 // next pass: every step is idempotent and re-reads the object before writing it.
 func (a *Agent) syncAll(ctx context.Context, c cache.Cache) {
 	var pods corev1.PodList
-	if err := c.List(ctx, &pods, client.MatchingLabelsSelector{Selector: workerSelector()}); err != nil {
-		a.log.Error(err, "Listing worker pods")
+	if err := c.List(ctx, &pods); err != nil {
+		a.log.Error(err, "Listing pods")
 		return
 	}
 	present := make(map[types.UID]bool, len(pods.Items))
 	for i := range pods.Items {
 		pod := &pods.Items[i]
 		present[pod.UID] = true
-		if err := a.syncPod(ctx, pod); err != nil && ctx.Err() == nil {
+		sync := a.syncPod
+		if !workerSelector().Matches(labels.Set(pod.Labels)) {
+			sync = a.syncOtherPod
+		}
+		if err := sync(ctx, pod); err != nil && ctx.Err() == nil {
 			a.log.Error(err, "Running a worker pod", "namespace", pod.Namespace, "pod", pod.Name, "node", pod.Spec.NodeName)
 		}
 	}

@@ -44,6 +44,10 @@ func run(m *testing.M) int {
 	}
 	defer func() { _ = env.Stop() }()
 	restConfig = env.Config
+	if err := env.StartKubeControllers(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 
 	ag, err = agent.New(env.Config, agent.Options{Hold: func(pod *corev1.Pod) bool {
 		_, ok := held.Load(pod.Namespace + "/" + pod.Name)

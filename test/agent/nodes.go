@@ -7,6 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/uuid"
@@ -54,7 +55,32 @@ func (a *Agent) AddNode(ctx context.Context, name, kernel string, labels map[str
 	st := &nodeState{name: name, kernel: kernel, bootID: newBootID(), ready: true, readySince: a.now(),
 		loaded: map[string]kmmv1beta1.ModuleConfig{}}
 	a.nodes[name] = st
-	return a.writeNodeStatus(ctx, st)
+	if err := a.writeNodeStatus(ctx, st); err != nil {
+		return err
+	}
+	return a.clearNotReadyTaint(ctx, name)
+}
+
+// clearNotReadyTaint removes the not-ready taint the API server puts on new Nodes, as the node
+// lifecycle controller does once a kubelet reports Ready.
+func (a *Agent) clearNotReadyTaint(ctx context.Context, name string) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var node corev1.Node
+		if err := a.client.Get(ctx, types.NamespacedName{Name: name}, &node); err != nil {
+			return err
+		}
+		kept := node.Spec.Taints[:0]
+		for _, t := range node.Spec.Taints {
+			if t.Key != corev1.TaintNodeNotReady {
+				kept = append(kept, t)
+			}
+		}
+		if len(kept) == len(node.Spec.Taints) {
+			return nil
+		}
+		node.Spec.Taints = kept
+		return a.client.Update(ctx, &node)
+	})
 }
 
 // RemoveNode stops managing node and deletes the Node. Its worker pods are left alone.
@@ -199,6 +225,9 @@ func applyNodeStatus(s *corev1.NodeStatus, st *nodeState, now metav1.Time) {
 	s.NodeInfo.OSImage = "kmm test agent"
 	s.NodeInfo.KubeletVersion = "v0.0.0-kmm-test-agent"
 	s.Addresses = []corev1.NodeAddress{{Type: corev1.NodeHostName, Address: st.name}}
+	s.Capacity = corev1.ResourceList{corev1.ResourcePods: resource.MustParse("110"),
+		corev1.ResourceCPU: resource.MustParse("8"), corev1.ResourceMemory: resource.MustParse("32Gi")}
+	s.Allocatable = s.Capacity
 	cond := corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: reasonReady,
 		Message: "the test agent is posting ready status", LastHeartbeatTime: now, LastTransitionTime: st.readySince}
 	if !st.ready {

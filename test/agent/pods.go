@@ -248,3 +248,71 @@ func (a *Agent) record(node string, pod *corev1.Pod, res worker.Result) {
 	a.runs = append(a.runs, Run{Node: node, Namespace: pod.Namespace, Pod: pod.Name, UID: pod.UID,
 		Module: res.Namespace + "/" + res.Name, Action: res.Action, Result: res, Time: a.clock.Now()})
 }
+
+// syncOtherPod runs a pod that is not a worker pod (a device plugin, a workload) as a kubelet
+// would: it becomes Running and Ready, and a deleted one goes away at once.
+func (a *Agent) syncOtherPod(ctx context.Context, pod *corev1.Pod) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	st := a.nodes[pod.Spec.NodeName]
+	if st == nil || !st.ready {
+		return nil
+	}
+	if pod.DeletionTimestamp != nil {
+		return a.deleteNow(ctx, pod)
+	}
+	if isTerminal(pod) || isReady(pod) {
+		return nil
+	}
+	now := a.now()
+	_, err := a.updatePodStatus(ctx, pod, func(p *corev1.Pod) bool {
+		if isTerminal(p) || isReady(p) {
+			return false
+		}
+		p.Status.Phase, p.Status.StartTime = corev1.PodRunning, &now
+		p.Status.Conditions = []corev1.PodCondition{
+			{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: now},
+			{Type: corev1.PodInitialized, Status: corev1.ConditionTrue, LastTransitionTime: now},
+			{Type: corev1.ContainersReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
+			{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
+		}
+		p.Status.ContainerStatuses = nil
+		for _, c := range p.Spec.Containers {
+			p.Status.ContainerStatuses = append(p.Status.ContainerStatuses, corev1.ContainerStatus{
+				Name: c.Name, Image: c.Image, ImageID: c.Image, Ready: true, Started: ptrTrue(),
+				ContainerID: containerID(p) + "/" + c.Name, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}},
+			})
+		}
+		return true
+	})
+	return err
+}
+
+// deleteNow confirms a pod's deletion with grace period 0, as a kubelet does once its containers
+// stopped; finalizers still hold it until someone removes them.
+func (a *Agent) deleteNow(ctx context.Context, pod *corev1.Pod) error {
+	if a.deleted[pod.UID] {
+		return nil
+	}
+	uid := pod.UID
+	err := a.client.Delete(ctx, pod, client.GracePeriodSeconds(0), client.Preconditions{UID: &uid})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		return fmt.Errorf("deleting pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	a.deleted[pod.UID] = true
+	return nil
+}
+
+func isReady(pod *corev1.Pod) bool {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue && pod.Status.Phase == corev1.PodRunning
+		}
+	}
+	return false
+}
+
+func ptrTrue() *bool {
+	t := true
+	return &t
+}

@@ -22,7 +22,10 @@ type Env struct {
 	WebhookPort    int
 	WebhookCertDir string
 
-	env *envtest.Environment
+	env      *envtest.Environment
+	assets   string
+	stops    []func() error
+	tempDirs []string
 }
 
 // Start starts etcd and kube-apiserver and installs config/crd and config/webhook.
@@ -49,12 +52,12 @@ func Start() (*Env, error) {
 		return nil, fmt.Errorf("starting kube-apiserver and etcd from %s: %w", assets, err)
 	}
 	w := te.WebhookInstallOptions
-	return &Env{Config: cfg, WebhookHost: w.LocalServingHost, WebhookPort: w.LocalServingPort, WebhookCertDir: w.LocalServingCertDir, env: te}, nil
+	return &Env{Config: cfg, WebhookHost: w.LocalServingHost, WebhookPort: w.LocalServingPort, WebhookCertDir: w.LocalServingCertDir, env: te, assets: assets}, nil
 }
 
-// Stop stops the control plane and removes its temporary files.
+// Stop stops the control plane (and the kube controllers, if started) and removes its temporary files.
 func (e *Env) Stop() error {
-	return e.env.Stop()
+	return errors.Join(e.stopProcesses(), e.env.Stop())
 }
 
 // AssetsDir returns the directory holding etcd and kube-apiserver: $KUBEBUILDER_ASSETS when set,
@@ -64,7 +67,7 @@ func AssetsDir(root string) (string, error) {
 	if dir == "" {
 		dir = filepath.Join(root, "bin")
 	}
-	for _, b := range []string{"etcd", "kube-apiserver"} {
+	for _, b := range []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
 		if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
 			return "", fmt.Errorf("%s not found in %s: run `make tools` in %s to build the local control plane", b, dir, root)
 		}
