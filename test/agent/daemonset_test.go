@@ -27,7 +27,7 @@ func TestDaemonSetPodsRunOnAgentNodes(t *testing.T) {
 		Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "dp"}},
 		Template: corev1.PodTemplateSpec{
 			ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "dp"}},
-			Spec: corev1.PodSpec{NodeSelector: map[string]string{"dp": "yes"}, Containers: []corev1.Container{{Name: "c", Image: "reg/dp:1"}}},
+			Spec:       corev1.PodSpec{NodeSelector: map[string]string{"dp": "yes"}, Containers: []corev1.Container{{Name: "c", Image: "reg/dp:1"}}},
 		},
 	}}
 	if err := k8s.Create(ctx, ds); err != nil {

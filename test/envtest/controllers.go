@@ -62,7 +62,7 @@ func (e *Env) startProcess(dir, kubeconfig, binary string, args []string) error 
 	}
 	args = append(args, "--kubeconfig="+kubeconfig, "--authentication-kubeconfig="+kubeconfig, "--authorization-kubeconfig="+kubeconfig,
 		"--bind-address=127.0.0.1", "--secure-port="+strconv.Itoa(port))
-	log, err := os.Create(filepath.Join(dir, binary+".log")) //nolint:gosec // G304: a file in our own temp dir
+	log, err := os.Create(filepath.Join(dir, binary+".log"))
 	if err != nil {
 		return err
 	}
@@ -83,7 +83,9 @@ func (e *Env) startProcess(dir, kubeconfig, binary string, args []string) error 
 	}
 	e.stops = append(e.stops, func() error {
 		cancel()
-		<-exited
+		if err := <-exited; err != nil && ctx.Err() == nil {
+			return fmt.Errorf("%s: %w", binary, err)
+		}
 		return log.Close()
 	})
 	return nil
