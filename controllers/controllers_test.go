@@ -33,7 +33,7 @@ func TestLoadOnThreeNodes(t *testing.T) {
 
 	tb.waitLoaded("nic", "reg.example.com/nic:a", tb.nodes...)
 	for _, n := range tb.nodes {
-		if _, ok := getNode(t, n).Labels[fsm.ReadyLabel(tb.ns, "nic")]; !ok {
+		if _, ok := getNode(t, n).Labels[kmmv1beta1.ReadyLabel(tb.ns, "nic")]; !ok {
 			t.Errorf("node %s lacks the ready label", n)
 		}
 	}
@@ -52,7 +52,7 @@ func TestLoadOnThreeNodes(t *testing.T) {
 	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: tb.ns, Name: controllers.DevicePluginName(m)}, ds); err != nil {
 		t.Fatalf("device plugin DaemonSet: %v", err)
 	}
-	if _, ok := ds.Spec.Template.Spec.NodeSelector[fsm.ReadyLabel(tb.ns, "nic")]; !ok || ds.Spec.Template.Spec.Containers[0].Image != "reg.example.com/nic-dp:1" {
+	if _, ok := ds.Spec.Template.Spec.NodeSelector[kmmv1beta1.ReadyLabel(tb.ns, "nic")]; !ok || ds.Spec.Template.Spec.Containers[0].Image != "reg.example.com/nic-dp:1" {
 		t.Fatalf("device plugin DaemonSet selects %v with image %s", ds.Spec.Template.Spec.NodeSelector, ds.Spec.Template.Spec.Containers[0].Image)
 	}
 	for _, n := range tb.nodes {

@@ -18,7 +18,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
-	"github.com/kmm-project/kmm/fsm"
 	"github.com/kmm-project/kmm/worker"
 )
 
@@ -26,7 +25,7 @@ import (
 func devicePluginLabels(m *kmmv1beta1.Module) map[string]string {
 	return map[string]string{
 		worker.LabelManagedBy:       worker.ManagedBy,
-		LabelDevicePlugin:           "true",
+		worker.LabelDevicePlugin:    "true",
 		worker.LabelModuleNamespace: m.Namespace,
 		worker.LabelModuleName:      m.Name,
 	}
@@ -44,9 +43,9 @@ func DevicePluginName(m *kmmv1beta1.Module) string {
 // DevicePluginNodeSelector is where the device plugin runs: nodes with the module loaded (and, with a
 // version, the version-device-plugin label of that version).
 func DevicePluginNodeSelector(m *kmmv1beta1.Module) map[string]string {
-	sel := map[string]string{fsm.ReadyLabel(m.Namespace, m.Name): ""}
+	sel := map[string]string{kmmv1beta1.ReadyLabel(m.Namespace, m.Name): ""}
 	if v := m.Spec.ModuleLoader.Container.Version; v != "" {
-		sel[fsm.DevicePluginVersionLabel(m.Namespace, m.Name)] = v
+		sel[kmmv1beta1.DevicePluginVersionLabel(m.Namespace, m.Name)] = v
 	}
 	return sel
 }
@@ -83,7 +82,7 @@ func (r *ModuleReconciler) versionStillRunning(s *moduleScope, ds *appsv1.Daemon
 	if !s.module.DeletionTimestamp.IsZero() {
 		return false
 	}
-	key := fsm.DevicePluginVersionLabel(s.module.Namespace, s.module.Name)
+	key := kmmv1beta1.DevicePluginVersionLabel(s.module.Namespace, s.module.Name)
 	v, ok := ds.Spec.Template.Spec.NodeSelector[key]
 	if !ok {
 		return false

@@ -32,9 +32,6 @@ import (
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;delete
 
-// LabelDevicePlugin marks device plugin pods with the Module they serve ("<namespace>.<name>").
-const LabelDevicePlugin = "kmm.sigs.x-k8s.io/device-plugin"
-
 // NMCReconciler is the NMC controller: one reconcile per node.
 type NMCReconciler struct {
 	Client      client.Client
@@ -144,7 +141,7 @@ func collectPod(f *nodeFacts, p *corev1.Pod, node string) {
 		return
 	}
 	// A device plugin pod counts until it is gone, Terminating included: it may still use the module.
-	if p.Labels[LabelDevicePlugin] != "" && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
+	if p.Labels[worker.LabelDevicePlugin] != "" && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
 		f.dpRunning[p.Labels[worker.LabelModuleNamespace]+"/"+p.Labels[worker.LabelModuleName]] = true
 	}
 }
@@ -183,9 +180,9 @@ func (r *NMCReconciler) pairFacts(f *nodeFacts, key string, node fsm.Node, now t
 		}
 	}
 	if f.modulesSet[key] {
-		facts.Node.UpgradeTarget = f.node.Labels[fsm.ModuleVersionLabel(ns, name)]
+		facts.Node.UpgradeTarget = f.node.Labels[kmmv1beta1.ModuleVersionLabel(ns, name)]
 	}
-	facts.Node.WorkerPodVersion = f.node.Labels[fsm.WorkerPodVersionLabel(ns, name)]
+	facts.Node.WorkerPodVersion = f.node.Labels[kmmv1beta1.WorkerPodVersionLabel(ns, name)]
 	if p := f.workers[key]; p != nil {
 		facts.Worker = ObserveWorker(p)
 	}
@@ -324,10 +321,10 @@ func (r *NMCReconciler) patchLabels(ctx context.Context, f *nodeFacts, outcomes 
 		ns, name, _ := strings.Cut(o.key, "/")
 		if o.result.Plan.Ready {
 			v := ""
-			desired[fsm.ReadyLabel(ns, name)] = &v
+			desired[kmmv1beta1.ReadyLabel(ns, name)] = &v
 		}
 		if v := o.result.Plan.VersionReady; v != "" {
-			desired[fsm.VersionReadyLabel(ns, name)] = &v
+			desired[kmmv1beta1.VersionReadyLabel(ns, name)] = &v
 		}
 	}
 	patch := map[string]any{}

@@ -50,6 +50,10 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer func() { _ = env.Stop() }()
+	if err := env.StartKubeControllers(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	if k8s, err = client.New(env.Config, client.Options{Scheme: manager.NewScheme()}); err != nil {

@@ -17,8 +17,8 @@ func checkLabelKeys(t *testing.T, ns, name string) {
 		len(ns)+len(name) > kmmv1beta1.MaxVersionedNameLength {
 		return // admission rejects these Modules
 	}
-	for _, key := range []string{ReadyLabel(ns, name), VersionReadyLabel(ns, name), ModuleVersionLabel(ns, name),
-		WorkerPodVersionLabel(ns, name), DevicePluginVersionLabel(ns, name)} {
+	for _, key := range []string{kmmv1beta1.ReadyLabel(ns, name), kmmv1beta1.VersionReadyLabel(ns, name), kmmv1beta1.ModuleVersionLabel(ns, name),
+		kmmv1beta1.WorkerPodVersionLabel(ns, name), kmmv1beta1.DevicePluginVersionLabel(ns, name)} {
 		if errs := validation.IsQualifiedName(key); len(errs) > 0 {
 			t.Fatalf("label key %q is invalid: %s", key, strings.Join(errs, "; "))
 		}
@@ -29,10 +29,10 @@ func TestLabelKeysAtTheLengthBudget(t *testing.T) {
 	ns := strings.Repeat("n", 19)
 	name := strings.Repeat("m", kmmv1beta1.MaxVersionedNameLength-len(ns))
 	checkLabelKeys(t, ns, name)
-	if got := WorkerPodVersionLabel("ns", "m"); got != "beta.kmm.node.kubernetes.io/version-worker-pod.ns.m" {
+	if got := kmmv1beta1.WorkerPodVersionLabel("ns", "m"); got != "beta.kmm.node.kubernetes.io/version-worker-pod.ns.m" {
 		t.Fatalf("WorkerPodVersionLabel = %s", got)
 	}
-	if got := ReadyLabel("ns", "m"); got != "kmm.node.kubernetes.io/ns.m.ready" {
+	if got := kmmv1beta1.ReadyLabel("ns", "m"); got != "kmm.node.kubernetes.io/ns.m.ready" {
 		t.Fatalf("ReadyLabel = %s", got)
 	}
 }

@@ -115,7 +115,7 @@ func newWorld(f faults) *world {
 	w.modules[modVersion] = &simModule{exists: true, gen: 1, version: "v1"}
 	ns, name := splitKey(modVersion)
 	for _, sn := range w.nodes {
-		sn.labels[ModuleVersionLabel(ns, name)] = "v1"
+		sn.labels[kmmv1beta1.ModuleVersionLabel(ns, name)] = "v1"
 	}
 	w.remember()
 	return w
@@ -269,9 +269,9 @@ func (w *world) facts(node, key string, nmc simNMC, snap snapshot) Facts {
 	f.Node = Node{Ready: sn.ready, Schedulable: !sn.cordoned, KernelVersion: sn.kernel, BootID: fmt.Sprint(sn.boot),
 		ReadySince: sn.readySince}
 	if w.modules[key].exists {
-		f.Node.UpgradeTarget = sn.labels[ModuleVersionLabel(ns, name)]
+		f.Node.UpgradeTarget = sn.labels[kmmv1beta1.ModuleVersionLabel(ns, name)]
 	}
-	f.Node.WorkerPodVersion = sn.labels[WorkerPodVersionLabel(ns, name)]
+	f.Node.WorkerPodVersion = sn.labels[kmmv1beta1.WorkerPodVersionLabel(ns, name)]
 	if p, ok := snap.pods[podName(node, name)]; ok {
 		f.Worker = Worker{Phase: p.phase, Action: p.action, Attempt: p.attempt, Entry: p.entry, Result: p.result}
 	}
@@ -323,8 +323,8 @@ func (w *world) writeStatus(writer, node string, rv int, old, next map[string]km
 func (w *world) execute(node, key string, p Plan, snap snapshot) {
 	sn := w.nodes[node]
 	ns, name := splitKey(key)
-	setLabel(sn.labels, ReadyLabel(ns, name), "", p.Ready)
-	setLabel(sn.labels, VersionReadyLabel(ns, name), p.VersionReady, p.VersionReady != "")
+	setLabel(sn.labels, kmmv1beta1.ReadyLabel(ns, name), "", p.Ready)
+	setLabel(sn.labels, kmmv1beta1.VersionReadyLabel(ns, name), p.VersionReady, p.VersionReady != "")
 	pn := podName(node, name)
 	if p.DeleteWorker {
 		if seen, ok := snap.pods[pn]; ok {
@@ -400,11 +400,11 @@ func (w *world) reconcileLabels(node string) {
 	if st.Config != nil {
 		loadedVersion = st.Config.Version
 	}
-	in := upgrade.NodeLabels{Target: sn.labels[ModuleVersionLabel(ns, name)], WorkerPod: sn.labels[WorkerPodVersionLabel(ns, name)],
-		DevicePlugin: sn.labels[DevicePluginVersionLabel(ns, name)]}
+	in := upgrade.NodeLabels{Target: sn.labels[kmmv1beta1.ModuleVersionLabel(ns, name)], WorkerPod: sn.labels[kmmv1beta1.WorkerPodVersionLabel(ns, name)],
+		DevicePlugin: sn.labels[kmmv1beta1.DevicePluginVersionLabel(ns, name)]}
 	out := upgrade.NextLabels(in, upgrade.Observed{DevicePluginPodOnNode: w.dpPods[node+"/"+modVersion], LoadedVersion: loadedVersion, Loaded: st.State == Loaded})
-	setLabel(sn.labels, WorkerPodVersionLabel(ns, name), out.WorkerPod, out.WorkerPod != "")
-	setLabel(sn.labels, DevicePluginVersionLabel(ns, name), out.DevicePlugin, out.DevicePlugin != "")
+	setLabel(sn.labels, kmmv1beta1.WorkerPodVersionLabel(ns, name), out.WorkerPod, out.WorkerPod != "")
+	setLabel(sn.labels, kmmv1beta1.DevicePluginVersionLabel(ns, name), out.DevicePlugin, out.DevicePlugin != "")
 }
 
 // reconcileDaemonSets plays the DaemonSet controller: a device plugin pod runs where the node has
@@ -413,9 +413,9 @@ func (w *world) reconcileDaemonSets(node string) {
 	sn := w.nodes[node]
 	for _, key := range modelModules {
 		ns, name := splitKey(key)
-		want := w.modules[key].exists && hasLabel(sn.labels, ReadyLabel(ns, name))
+		want := w.modules[key].exists && hasLabel(sn.labels, kmmv1beta1.ReadyLabel(ns, name))
 		if key == modVersion {
-			want = want && sn.labels[DevicePluginVersionLabel(ns, name)] != ""
+			want = want && sn.labels[kmmv1beta1.DevicePluginVersionLabel(ns, name)] != ""
 		}
 		if want {
 			w.dpPods[node+"/"+key] = true
@@ -492,7 +492,7 @@ func (w *world) checkRecord(node, key string, st kmmv1beta1.NodeModuleStatus) {
 	}
 	ns, name := splitKey(key)
 	sn := w.nodes[node]
-	if v, ok := sn.labels[VersionReadyLabel(ns, name)]; ok {
+	if v, ok := sn.labels[kmmv1beta1.VersionReadyLabel(ns, name)]; ok {
 		if cur, loaded := sn.loaded[key]; loaded && cur.Version != v {
 			w.violate("invariant 6: version.ready of %s on %s says %s, %s is loaded", key, node, v, cur.Version)
 		}
@@ -509,8 +509,8 @@ func (w *world) settle(maxRounds int) bool {
 		}
 		sn.cordoned = false
 		ns, name := splitKey(modVersion)
-		if _, ok := sn.labels[ModuleVersionLabel(ns, name)]; ok && w.modules[modVersion].exists {
-			sn.labels[ModuleVersionLabel(ns, name)] = w.modules[modVersion].version
+		if _, ok := sn.labels[kmmv1beta1.ModuleVersionLabel(ns, name)]; ok && w.modules[modVersion].exists {
+			sn.labels[kmmv1beta1.ModuleVersionLabel(ns, name)] = w.modules[modVersion].version
 		}
 	}
 	for range maxRounds {
@@ -650,10 +650,10 @@ func (m *model) SetVersionLabel(t *rapid.T) {
 	sn := m.pickNode(t)
 	ns, name := splitKey(modVersion)
 	if rapid.IntRange(0, 4).Draw(t, "remove") == 0 || !m.w.modules[modVersion].exists {
-		delete(sn.labels, ModuleVersionLabel(ns, name))
+		delete(sn.labels, kmmv1beta1.ModuleVersionLabel(ns, name))
 		return
 	}
-	sn.labels[ModuleVersionLabel(ns, name)] = m.w.modules[modVersion].version
+	sn.labels[kmmv1beta1.ModuleVersionLabel(ns, name)] = m.w.modules[modVersion].version
 }
 
 func (m *model) runningPod(t *rapid.T) *simPod {

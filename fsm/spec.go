@@ -74,7 +74,7 @@ func DecideSpec(m *kmmv1beta1.Module, node NodeView) SpecDecision {
 	if version == "" {
 		return SpecDecision{Action: SpecUpdate, Entry: entry, Reason: ReasonDesired}
 	}
-	switch label, ok := node.Labels[WorkerPodVersionLabel(m.Namespace, m.Name)]; {
+	switch label, ok := node.Labels[kmmv1beta1.WorkerPodVersionLabel(m.Namespace, m.Name)]; {
 	case !ok:
 		return SpecDecision{Action: SpecDelete, Reason: ReasonVersionMissing}
 	case label != version:

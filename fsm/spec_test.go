@@ -38,7 +38,7 @@ func testNode(kernel string, labels map[string]string) NodeView {
 
 // TestDecideSpec covers every branch of seed 000's Module-NMC flowchart, one case per rule.
 func TestDecideSpec(t *testing.T) {
-	versionLabel := WorkerPodVersionLabel("drivers", "nic")
+	versionLabel := kmmv1beta1.WorkerPodVersionLabel("drivers", "nic")
 	deleted := testModule("")
 	deleted.DeletionTimestamp = &metav1.Time{Time: time.Unix(1, 0)}
 	cases := []struct {

@@ -16,6 +16,9 @@ const (
 	// LabelModuleNamespace and LabelModuleName name the Module.
 	LabelModuleNamespace = "kmm.sigs.x-k8s.io/module-namespace"
 	LabelModuleName      = "kmm.sigs.x-k8s.io/module-name"
+	// LabelDevicePlugin marks device plugin DaemonSets and pods ("true"); they also carry
+	// LabelModuleNamespace and LabelModuleName.
+	LabelDevicePlugin = "kmm.sigs.x-k8s.io/device-plugin"
 	// LabelAction is "load" or "unload".
 	LabelAction = "kmm.sigs.x-k8s.io/action"
 	// AnnotationConfig holds the worker Config as JSON; the downward API mounts it as ConfigFile.

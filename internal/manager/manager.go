@@ -29,6 +29,7 @@ import (
 	"github.com/kmm-project/kmm/controllers"
 	"github.com/kmm-project/kmm/fsm"
 	kmmwebhook "github.com/kmm-project/kmm/internal/webhook"
+	"github.com/kmm-project/kmm/upgrade"
 	"github.com/kmm-project/kmm/worker"
 )
 
@@ -188,6 +189,10 @@ func setupControllers(mgr ctrl.Manager, o Options) error {
 	}
 	if err := nmc.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the NMC controller: %w", err)
+	}
+	labels := &upgrade.LabelReconciler{Client: mgr.GetClient()}
+	if err := labels.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the version label controller: %w", err)
 	}
 	return nil
 }

@@ -1,6 +1,6 @@
-package fsm
+package v1beta1
 
-// Node label keys. <ns> and <name> are the Module's namespace and name; with a version set their
+// Node label keys (SPEC §3, §7). <ns> and <name> are the Module's namespace and name; with a version set their
 // combined length is at most 39 so that every key stays a valid label key (kmmv1beta1.MaxVersionedNameLength).
 
 // ReadyLabel marks a node where the module is loaded; device plugin DaemonSets select on it.

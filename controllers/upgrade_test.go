@@ -1,0 +1,256 @@
+package controllers_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/fsm"
+	"github.com/kmm-project/kmm/worker"
+)
+
+// TestOrderedUpgrade follows seed 002 over three nodes: node 0 by the manual steps (remove the
+// version label, then set the new one), nodes 1 and 2 by the shortcut (change the label's value).
+// At every observed moment no unload pod runs while that node's device plugin pod exists,
+// version.ready moves node by node, and the other nodes keep v1 loaded until their turn.
+func TestOrderedUpgrade(t *testing.T) {
+	startOperator(t)
+	tb := newTestBed(t, 3, kernelA)
+	inv := watchUnloadVersusDevicePlugin(t, tb.ns)
+	label := kmmv1beta1.ModuleVersionLabel(tb.ns, "nic")
+	for _, n := range tb.nodes {
+		setNodeLabel(t, n, label, "v1")
+	}
+	m := tb.module("nic")
+	m.Spec.ModuleLoader.Container.Version = "v1"
+	m.Spec.ModuleLoader.Container.KernelMappings[0].ContainerImage = "reg.example.com/nic:v1"
+	m.Spec.DevicePlugin = &kmmv1beta1.DevicePluginSpec{Container: kmmv1beta1.DevicePluginContainerSpec{Image: "reg.example.com/nic-dp:v1"}}
+	tb.create(m)
+	tb.waitLoaded("nic", "reg.example.com/nic:v1", tb.nodes...)
+	waitDevicePlugins(t, tb.ns, "v1", tb.nodes...)
+	tb.waitVersionReady("v1", tb.nodes...)
+
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		got := &kmmv1beta1.Module{}
+		if err := k8s.Get(context.Background(), client.ObjectKeyFromObject(m), got); err != nil {
+			return err
+		}
+		got.Spec.ModuleLoader.Container.Version = "v2"
+		got.Spec.ModuleLoader.Container.KernelMappings[0].ContainerImage = "reg.example.com/nic:v2"
+		return k8s.Update(context.Background(), got)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Node 0, manual: remove the label (unload), then set v2.
+	setNodeLabel(t, tb.nodes[0], label, "")
+	eventually(t, 30*time.Second, func() (bool, string) {
+		_, loaded := node.Loaded(tb.nodes[0])[tb.ns+"/nic"]
+		return !loaded && pairStatus(tb.nodes[0], tb.ns, "nic") == nil, "the module unloaded from " + tb.nodes[0]
+	})
+	tb.assertStillV1(tb.nodes[1:]...)
+	setNodeLabel(t, tb.nodes[0], label, "v2")
+	tb.waitLoaded("nic", "reg.example.com/nic:v2", tb.nodes[0])
+	tb.waitVersionReady("v2", tb.nodes[0])
+	waitDevicePlugins(t, tb.ns, "v2", tb.nodes[0])
+	tb.assertStillV1(tb.nodes[1:]...)
+
+	// Nodes 1 and 2, shortcut: change the label's value.
+	for i, n := range tb.nodes[1:] {
+		setNodeLabel(t, n, label, "v2")
+		tb.waitLoaded("nic", "reg.example.com/nic:v2", n)
+		tb.waitVersionReady("v2", n)
+		tb.assertStillV1(tb.nodes[i+2:]...)
+		assertPassedThrough(t, n, tb.ns, fsm.DevicePluginDraining, fsm.Unloading, fsm.Upgrading, fsm.Loading)
+	}
+	waitDevicePlugins(t, tb.ns, "v2", tb.nodes...)
+	eventually(t, 20*time.Second, func() (bool, string) {
+		old := &appsv1.DaemonSet{}
+		err := k8s.Get(context.Background(), client.ObjectKey{Namespace: tb.ns, Name: "nic-device-plugin-v1"}, old)
+		return err != nil, "the v1 device plugin DaemonSet to be deleted once no node needs it"
+	})
+	if v := inv.violations(); len(v) > 0 {
+		t.Fatalf("invariant 6 broken: %v", v)
+	}
+	if inv.unloads() < 3 {
+		t.Fatalf("the watch saw %d unload pods, want at least 3: it is not watching", inv.unloads())
+	}
+}
+
+func setNodeLabel(t *testing.T, name, key, value string) {
+	t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		n := &corev1.Node{}
+		if err := k8s.Get(context.Background(), client.ObjectKey{Name: name}, n); err != nil {
+			return err
+		}
+		if value == "" {
+			delete(n.Labels, key)
+		} else {
+			n.Labels[key] = value
+		}
+		return k8s.Update(context.Background(), n)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (tb *testBed) waitVersionReady(version string, nodes ...string) {
+	tb.t.Helper()
+	key := kmmv1beta1.VersionReadyLabel(tb.ns, "nic")
+	eventually(tb.t, 30*time.Second, func() (bool, string) {
+		for _, n := range nodes {
+			if got := getNode(tb.t, n).Labels[key]; got != version {
+				return false, fmt.Sprintf("version.ready on %s is %q, want %s", n, got, version)
+			}
+		}
+		return true, ""
+	})
+}
+
+func (tb *testBed) assertStillV1(nodes ...string) {
+	tb.t.Helper()
+	for _, n := range nodes {
+		if got := node.Loaded(n)[tb.ns+"/nic"]; got.ContainerImage != "reg.example.com/nic:v1" {
+			tb.t.Fatalf("node %s has %q loaded before its turn, want v1", n, got.ContainerImage)
+		}
+		if v := getNode(tb.t, n).Labels[kmmv1beta1.VersionReadyLabel(tb.ns, "nic")]; v != "v1" {
+			tb.t.Fatalf("version.ready on %s is %q before its turn", n, v)
+		}
+	}
+}
+
+// waitDevicePlugins waits for a Running device plugin pod of the given version on each node.
+func waitDevicePlugins(t *testing.T, ns, version string, nodes ...string) {
+	t.Helper()
+	eventually(t, 30*time.Second, func() (bool, string) {
+		pods := &corev1.PodList{}
+		_ = k8s.List(context.Background(), pods, client.InNamespace(ns), client.MatchingLabels{worker.LabelDevicePlugin: "true"})
+		for _, n := range nodes {
+			found := false
+			for _, p := range pods.Items {
+				ds := p.Labels["kmm.sigs.x-k8s.io/daemonset"]
+				found = found || (p.Spec.NodeName == n && p.Status.Phase == corev1.PodRunning && ds == "nic-device-plugin-"+version)
+			}
+			if !found {
+				return false, fmt.Sprintf("a running %s device plugin pod on %s", version, n)
+			}
+		}
+		return true, ""
+	})
+}
+
+// assertPassedThrough checks the pair's transition log visits the states in order.
+func assertPassedThrough(t *testing.T, n, ns string, states ...kmmv1beta1.ModuleState) {
+	t.Helper()
+	st := pairStatus(n, ns, "nic")
+	var visited []kmmv1beta1.ModuleState
+	for _, tr := range st.Transitions {
+		visited = append(visited, tr.To)
+	}
+	i := 0
+	for _, v := range visited {
+		if i < len(states) && v == states[i] {
+			i++
+		}
+	}
+	if i != len(states) {
+		t.Fatalf("the pair on %s went through %v, want %v in order", n, visited, states)
+	}
+}
+
+// unloadVsDevicePlugin watches a namespace's pods and records every moment an unload pod and the
+// same node's device plugin pod of the same Module exist together.
+type unloadVsDevicePlugin struct {
+	mu       sync.Mutex
+	unload   map[string]string // pod UID → node/module
+	dp       map[string]string
+	viols    []string
+	nUnloads int
+}
+
+func watchUnloadVersusDevicePlugin(t *testing.T, ns string) *unloadVsDevicePlugin {
+	t.Helper()
+	cs, err := kubernetes.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	w, err := cs.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &unloadVsDevicePlugin{unload: map[string]string{}, dp: map[string]string{}}
+	go func() {
+		for ev := range w.ResultChan() {
+			if p, ok := ev.Object.(*corev1.Pod); ok {
+				u.observe(ev.Type, p)
+			}
+		}
+	}()
+	return u
+}
+
+func (u *unloadVsDevicePlugin) observe(t watch.EventType, p *corev1.Pod) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	pair := p.Spec.NodeName + "/" + p.Labels[worker.LabelModuleName]
+	isUnload := p.Labels[worker.LabelAction] == "unload"
+	if !isUnload && p.Labels[worker.LabelDevicePlugin] == "" {
+		return
+	}
+	set := u.dp
+	if isUnload {
+		set = u.unload
+	}
+	finished := p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+	if t == watch.Deleted || (finished && isUnload) || p.Spec.NodeName == "" {
+		delete(set, string(p.UID))
+		return
+	}
+	if _, seen := set[string(p.UID)]; !seen && isUnload {
+		u.nUnloads++
+	}
+	set[string(p.UID)] = pair
+	plugins := mapsValues(u.dp)
+	for _, x := range mapsValues(u.unload) {
+		if slices.Contains(plugins, x) {
+			u.viols = append(u.viols, "unload pod and device plugin pod together on "+x)
+		}
+	}
+}
+
+func mapsValues(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for _, v := range m {
+		out = append(out, v)
+	}
+	return out
+}
+
+func (u *unloadVsDevicePlugin) violations() []string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]string(nil), u.viols...)
+}
+
+func (u *unloadVsDevicePlugin) unloads() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.nUnloads
+}

@@ -1,0 +1,144 @@
+package upgrade
+
+import (
+	"context"
+	"encoding/json"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+
+	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/worker"
+)
+
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
+
+// LabelReconciler is the version label controller of seed 002: per node, for every Module with a
+// version, it moves the internal version labels one step toward the user's version-module label.
+type LabelReconciler struct {
+	Client client.Client
+}
+
+// SetupWithManager watches Nodes (labels), NMCs (pair states), device plugin pods and Modules.
+func (r *LabelReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	byName := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []ctrl.Request {
+		return []ctrl.Request{{NamespacedName: types.NamespacedName{Name: o.GetName()}}}
+	})
+	byPodNode := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []ctrl.Request {
+		p := o.(*corev1.Pod)
+		if p.Labels[worker.LabelDevicePlugin] == "" || p.Spec.NodeName == "" {
+			return nil
+		}
+		return []ctrl.Request{{NamespacedName: types.NamespacedName{Name: p.Spec.NodeName}}}
+	})
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("version-labels").
+		For(&corev1.Node{}, builder.WithPredicates(labelsChanged())).
+		Watches(&kmmv1beta1.NodeModulesConfig{}, byName).
+		Watches(&corev1.Pod{}, byPodNode).
+		Watches(&kmmv1beta1.Module{}, handler.EnqueueRequestsFromMapFunc(r.nodesOfModule)).
+		Complete(r)
+}
+
+func labelsChanged() predicate.Predicate {
+	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		return !equality.Semantic.DeepEqual(e.ObjectOld.GetLabels(), e.ObjectNew.GetLabels())
+	}}
+}
+
+func (r *LabelReconciler) nodesOfModule(ctx context.Context, o client.Object) []ctrl.Request {
+	m := o.(*kmmv1beta1.Module)
+	nodes := &corev1.NodeList{}
+	if err := r.Client.List(ctx, nodes, client.MatchingLabels(m.Spec.Selector)); err != nil {
+		return nil
+	}
+	out := make([]ctrl.Request, 0, len(nodes.Items))
+	for _, n := range nodes.Items {
+		out = append(out, ctrl.Request{NamespacedName: types.NamespacedName{Name: n.Name}})
+	}
+	return out
+}
+
+// Reconcile moves the version labels of one node by one step per Module.
+func (r *LabelReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	node := &corev1.Node{}
+	if err := r.Client.Get(ctx, req.NamespacedName, node); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	modules := &kmmv1beta1.ModuleList{}
+	if err := r.Client.List(ctx, modules); err != nil {
+		return ctrl.Result{}, err
+	}
+	nmc := &kmmv1beta1.NodeModulesConfig{}
+	if err := r.Client.Get(ctx, req.NamespacedName, nmc); client.IgnoreNotFound(err) != nil {
+		return ctrl.Result{}, err
+	}
+	pods := &corev1.PodList{}
+	if err := r.Client.List(ctx, pods, client.MatchingLabels{worker.LabelManagedBy: worker.ManagedBy}); err != nil {
+		return ctrl.Result{}, err
+	}
+	patch := map[string]any{}
+	for i := range modules.Items {
+		m := &modules.Items[i]
+		if m.Spec.ModuleLoader.Container.Version == "" || !m.DeletionTimestamp.IsZero() ||
+			!labels.SelectorFromSet(m.Spec.Selector).Matches(labels.Set(node.Labels)) {
+			continue
+		}
+		stepModule(node, m, observe(nmc, pods.Items, node.Name, m), patch)
+	}
+	if len(patch) == 0 {
+		return ctrl.Result{}, nil
+	}
+	ctrl.LoggerFrom(ctx).Info("Moving version labels", "node", node.Name, "labels", patch)
+	data, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": patch}})
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	return ctrl.Result{}, r.Client.Patch(ctx, node, client.RawPatch(types.MergePatchType, data))
+}
+
+// stepModule adds to patch the label changes of one step for Module m on node.
+func stepModule(node *corev1.Node, m *kmmv1beta1.Module, o Observed, patch map[string]any) {
+	keys := struct{ target, workerPod, devicePlugin string }{
+		kmmv1beta1.ModuleVersionLabel(m.Namespace, m.Name), kmmv1beta1.WorkerPodVersionLabel(m.Namespace, m.Name), kmmv1beta1.DevicePluginVersionLabel(m.Namespace, m.Name),
+	}
+	in := NodeLabels{Target: node.Labels[keys.target], WorkerPod: node.Labels[keys.workerPod], DevicePlugin: node.Labels[keys.devicePlugin]}
+	out := NextLabels(in, o)
+	setPatch(patch, keys.workerPod, in.WorkerPod, out.WorkerPod)
+	setPatch(patch, keys.devicePlugin, in.DevicePlugin, out.DevicePlugin)
+}
+
+func setPatch(patch map[string]any, key, before, after string) {
+	switch {
+	case before == after:
+	case after == "":
+		patch[key] = nil
+	default:
+		patch[key] = after
+	}
+}
+
+// observe reads the pair's loaded version and state, and whether its device plugin pod is on the node.
+func observe(nmc *kmmv1beta1.NodeModulesConfig, pods []corev1.Pod, node string, m *kmmv1beta1.Module) Observed {
+	var o Observed
+	for _, st := range nmc.Status.Modules {
+		if st.Namespace == m.Namespace && st.Name == m.Name && st.Config != nil {
+			o.LoadedVersion, o.Loaded = st.Config.Version, st.State == kmmv1beta1.StateLoaded
+		}
+	}
+	for _, p := range pods {
+		if p.Spec.NodeName == node && p.Labels[worker.LabelDevicePlugin] != "" &&
+			p.Labels[worker.LabelModuleNamespace] == m.Namespace && p.Labels[worker.LabelModuleName] == m.Name {
+			o.DevicePluginPodOnNode = true
+		}
+	}
+	return o
+}
