@@ -160,7 +160,7 @@ func deriveUpgrading(f *Facts) (Trigger, bool) {
 	switch {
 	case f.specKernelMatches():
 		return SpecSet, true
-	case f.Spec == nil && (f.Node.UpgradeTarget == "" || f.Node.WorkerPodVersion == f.Node.UpgradeTarget):
+	case f.Spec == nil && (f.Node.UpgradeTarget == "" || f.specOverdue()):
 		// No version requested, or the worker may load the target and still no entry came: no
 		// mapping for this kernel, or the Module is at another version.
 		return UpgradeAbandoned, true

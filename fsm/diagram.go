@@ -35,7 +35,8 @@ var StateDescriptions = map[State]string{
 	Upgrading: "An ordered upgrade unloaded the old version and waits for the spec entry of the new " +
 		"version (the version label controller sets the worker-pod label, then the Module→NMC " +
 		"controller writes the entry). It then loads the new version. If the upgrade is abandoned " +
-		"(no version-module label, no spec entry) the pair is Absent.",
+		"(no version-module label), or no entry comes within 30 s of the worker-pod label allowing it " +
+		"(no kernel mapping, or the Module is at another version), the pair is Absent.",
 	LoadBackOff: "The last load failed; attempts counts consecutive failures. The failed pod stays for " +
 		"inspection. After an exponential back-off (10 s doubling up to 5 min) the pair retries; a new " +
 		"spec entry retries at once; a removed entry or another kernel returns it to Absent.",

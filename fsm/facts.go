@@ -166,6 +166,16 @@ func (f *Facts) workerFinished() bool {
 	return f.Worker.Phase == PodSucceeded || f.Worker.Phase == PodFailed
 }
 
+// UpgradeSpecGrace is how long an Upgrading pair waits for the new version's spec entry after the
+// worker-pod label allows it; the Module→NMC controller writes it within moments when it can.
+const UpgradeSpecGrace = 30 * time.Second
+
+// specOverdue says whether the worker-pod label is at the target and the spec entry is still
+// missing after UpgradeSpecGrace.
+func (f *Facts) specOverdue() bool {
+	return f.Node.WorkerPodVersion == f.Node.UpgradeTarget && !f.Now.Before(f.Status.LastTransitionTime.Add(UpgradeSpecGrace))
+}
+
 func (f *Facts) backOffExpired() bool {
 	return !f.Now.Before(f.Status.LastTransitionTime.Add(f.BackOff.Delay(f.Status.Attempts)))
 }

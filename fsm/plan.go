@@ -15,6 +15,10 @@ func plan(f *Facts) Plan {
 		planWorker(f, &p, ActionLoad)
 	case Unloading:
 		planWorker(f, &p, ActionUnload)
+	case Upgrading:
+		p.DeleteWorker = f.workerFinished()
+		p.RequeueAfter = max(f.Status.LastTransitionTime.Add(UpgradeSpecGrace).Sub(f.Now), 0)
+		p.Waiting = "waiting for the spec entry of version " + f.Node.UpgradeTarget
 	case LoadBackOff, UnloadBackOff:
 		// The failed pod stays for inspection until the retry replaces it.
 		p.RequeueAfter = max(f.Status.LastTransitionTime.Add(f.BackOff.Delay(f.Status.Attempts)).Sub(f.Now), 0)

@@ -206,6 +206,20 @@ func TestStepOrderedUpgrade(t *testing.T) {
 	}
 }
 
+// TestUpgradingWaitsForTheNewSpecEntry: the worker-pod label at the target with no entry yet is
+// normal for a moment (the Module→NMC controller is about to write it); after the grace it is not.
+func TestUpgradingWaitsForTheNewSpecEntry(t *testing.T) {
+	node := readyNode(k1)
+	node.UpgradeTarget, node.WorkerPodVersion = "v2", "v2"
+	upgrading := kmmv1beta1.NodeModuleStatus{State: Upgrading, LastTransitionTime: metav1.NewTime(t0.Add(-time.Second))}
+	r := check(t, facts(nil, upgrading, node), want{state: Upgrading})
+	if r.Plan.RequeueAfter != UpgradeSpecGrace-time.Second {
+		t.Fatalf("requeue %v", r.Plan.RequeueAfter)
+	}
+	upgrading.LastTransitionTime = metav1.NewTime(t0.Add(-UpgradeSpecGrace))
+	check(t, facts(nil, upgrading, node), want{removed: true})
+}
+
 func TestStepDevicePluginBlocksUnload(t *testing.T) {
 	e1 := entry(k1, "r/m:v1", "")
 	f := facts(nil, loaded(Loaded, e1), readyNode(k1))
