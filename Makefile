@@ -26,6 +26,8 @@ FUZZ_TIME ?= 20s
 FUZZ_TARGETS := ./fsm:FuzzModel ./fsm:FuzzLabelKeys ./internal/kernel:FuzzParse ./internal/kernel:FuzzParseRange
 # Debian packages the tests need; installed by test/scripts/ensure-packages.sh when missing.
 TEST_PACKAGES := kmod gcc
+# Debian packages `make test-vm` needs besides the kernel, which it downloads into bin/vm-cache/.
+VM_TEST_PACKAGES := qemu-system-x86 kmod
 
 ##@ General
 
@@ -60,11 +62,16 @@ vet: ## Run go vet.
 
 .PHONY: lint
 lint: $(GOLANGCI_LINT) ## Run golangci-lint (built from the Go module proxy).
-	$(GOLANGCI_LINT) run ./...
+	$(GOLANGCI_LINT) run --allow-parallel-runners ./...
 
 .PHONY: test
 test: tools packages ## Run all tests: unit, property (RAPID_CHECKS interleavings), fuzz seeds and envtest integration tests.
 	RAPID_CHECKS=$(RAPID_CHECKS) go test $(GO_TEST_FLAGS) ./...
+
+.PHONY: test-vm
+test-vm: ## Boot a Debian kernel under qemu (TCG) and check that the real worker loads and unloads real modules in it (test/vm).
+	@test/scripts/ensure-packages.sh $(VM_TEST_PACKAGES)
+	go test -tags vm -count=1 -v ./test/vm/
 
 .PHONY: fuzz
 fuzz: ## Run every fuzz target for FUZZ_TIME each.
