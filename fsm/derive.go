@@ -115,7 +115,7 @@ func deriveDevicePluginDraining(f *Facts) (Trigger, bool) {
 		return NodeRebooted, true
 	case !f.needsUnload() && !f.upgradeRequested():
 		return SpecRestored, true
-	case f.needsUnload() && !f.DevicePluginRunning:
+	case f.needsUnload() && !f.DevicePluginRunning && len(f.remainingWorkloads()) == 0:
 		return DevicePluginGone, true
 	}
 	return "", false

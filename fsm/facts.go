@@ -25,6 +25,8 @@ type Facts struct {
 	DevicePluginRunning bool
 	// BackOff is the retry policy after worker failures.
 	BackOff BackOff
+	// Drain is the upgrade drain of the workloads that use the module.
+	Drain DrainFacts
 }
 
 // Node is what the NMC decision reads of a node.
@@ -112,8 +114,10 @@ func (f *Facts) state() State {
 	return f.Status.State
 }
 
+// nodeUsable is rule 1 of seed 000; a node this pair's own drain cordoned counts as schedulable.
 func (f *Facts) nodeUsable() bool {
-	return f.Node.Ready && f.Node.Schedulable
+	ownCordon := f.Status.Drain != nil && f.Status.Drain.CordonedByKMM
+	return f.Node.Ready && (f.Node.Schedulable || ownCordon)
 }
 
 func (f *Facts) specKernelMatches() bool {

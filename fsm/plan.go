@@ -41,7 +41,7 @@ func planWorker(f *Facts, p *Plan, action WorkerAction) {
 		p.DeleteWorker = true // recorded, or stale: make room for the current attempt
 	case !f.Node.Ready:
 		p.Waiting = "node not Ready"
-	case !f.Node.Schedulable:
+	case !f.nodeUsable():
 		p.Waiting = "node cordoned"
 	case action == ActionLoad && !f.specKernelMatches():
 		p.Waiting = "spec entry is not for the node's kernel " + f.Node.KernelVersion

@@ -84,6 +84,11 @@ func (r *recordingTB) fail(msg string) {
 func TestSeededFaultsAreCaught(t *testing.T) {
 	setFlag(t, "rapid.nofailfile", "true")
 	setFlag(t, "rapid.shrinktime", "3s")
+	// Each fault needs a particular interleaving; search long enough to find it every time (rapid
+	// stops at the first counterexample, so this costs little).
+	if checks, _ := strconv.Atoi(flag.Lookup("rapid.checks").Value.String()); checks < 3000 {
+		setFlag(t, "rapid.checks", "3000")
+	}
 	cases := []struct {
 		name      string
 		fault     faults

@@ -42,6 +42,10 @@ type Plan struct {
 	RequeueAfter time.Duration
 	// Waiting says why nothing moves, for logs and Events ("" when not waiting).
 	Waiting string
+	// Drain is the upgrade drain to carry out (nil: none).
+	Drain *DrainPlan
+	// Uncordon asks to uncordon the node this pair's drain cordoned.
+	Uncordon bool
 }
 
 // WorkerIntent is a worker pod to create.
@@ -74,8 +78,15 @@ func Step(f Facts) Result {
 		tr := record(&st, t, to, &f)
 		res.Fired = append(res.Fired, tr)
 	}
+	wasCordoned := f.Status.Drain != nil && f.Status.Drain.CordonedByKMM
+	recordDrain(&st, &f, nil)
+	f.Status = st
+	drain := planDrain(&f)
+	recordDrain(&st, &f, drain)
 	f.Status = st
 	res.Plan = plan(&f)
+	res.Plan.Drain = drain
+	res.Plan.Uncordon = wasCordoned && st.Drain == nil
 	if st.State != Absent || f.Spec != nil || f.Worker.Phase == PodRunning {
 		res.Status = &st
 	}

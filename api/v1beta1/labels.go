@@ -28,3 +28,10 @@ func WorkerPodVersionLabel(namespace, name string) string {
 func DevicePluginVersionLabel(namespace, name string) string {
 	return "beta.kmm.node.kubernetes.io/version-device-plugin." + namespace + "." + name
 }
+
+// UpgradeSkipLabel, when present on a node (any value), keeps the automatic rollout of
+// spec.upgradePolicy from moving that node's version-module label; the node does not count
+// toward maxUnavailable either.
+func UpgradeSkipLabel(namespace, name string) string {
+	return "kmm.node.kubernetes.io/upgrade-skip." + namespace + "." + name
+}

@@ -167,10 +167,28 @@ type NodeModuleStatus struct {
 	// +optional
 	ImageDigest string `json:"imageDigest,omitempty"`
 
+	// Drain records the upgrade drain of the node's workloads for this module, while one is in
+	// progress (from DevicePluginDraining until the new version is Loaded).
+	// +optional
+	Drain *DrainStatus `json:"drain,omitempty"`
+
 	// Transitions is the bounded log of the pair's transitions, oldest first.
 	// +optional
 	// +kubebuilder:validation:MaxItems=16
 	Transitions []Transition `json:"transitions,omitempty"`
+}
+
+// DrainStatus is the persisted progress of an upgrade drain: a restart or a cordon flap does not
+// reset it.
+type DrainStatus struct {
+	// StartTime is when the drain started; the escalation timeouts count from it.
+	StartTime metav1.Time `json:"startTime"`
+	// LastStrategy is the strongest strategy run so far: Evict, DeleteNonPDB or ForceDeletePDB.
+	// +optional
+	LastStrategy string `json:"lastStrategy,omitempty"`
+	// CordonedByKMM says the operator cordoned the node for this drain and uncordons it afterwards.
+	// +optional
+	CordonedByKMM bool `json:"cordonedByKMM,omitempty"`
 }
 
 // NodeModulesConfigStatus is what is true on the node.

@@ -1,0 +1,144 @@
+package fsm
+
+import (
+	"regexp"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+)
+
+// Drain strategies of seed 004, weakest first; DrainStatus.LastStrategy records the strongest run.
+const (
+	// StrategyEvict evicts the workload pods through the Eviction API, which honours PodDisruptionBudgets.
+	StrategyEvict = "Evict"
+	// StrategyDeleteNonPDB deletes the pods no PodDisruptionBudget protects and strips the finalizers
+	// of pods stuck terminating (after timeoutSeconds).
+	StrategyDeleteNonPDB = "DeleteNonPDB"
+	// StrategyForceDeletePDB deletes the PodDisruptionBudget-protected pods too (after
+	// pdbForceDrainTimeoutSeconds).
+	StrategyForceDeletePDB = "ForceDeletePDB"
+)
+
+// WorkloadPod is a pod on the node that the drain's podSelector selects.
+type WorkloadPod struct {
+	Namespace, Name string
+	UID             string
+	// PDBProtected: a PodDisruptionBudget selects the pod.
+	PDBProtected bool
+	// Terminating: the pod has a deletion timestamp.
+	Terminating bool
+	// Finalizers: the pod has finalizers.
+	Finalizers bool
+}
+
+// DrainFacts are the facts of an upgrade drain.
+type DrainFacts struct {
+	// Policy is the Module's upgradePolicy.drain; nil means no drain.
+	Policy *kmmv1beta1.DrainSpec
+	// Pods are the workload pods on the node.
+	Pods []WorkloadPod
+	// NodeCordoned is the node's spec.unschedulable.
+	NodeCordoned bool
+}
+
+// DrainPlan is what the reconciler does for a drain.
+type DrainPlan struct {
+	Cordon, Uncordon bool
+	Evict            []WorkloadPod
+	Delete           []WorkloadPod
+	StripFinalizers  []WorkloadPod
+	// Strategy is the strongest strategy this plan runs.
+	Strategy string
+	// TimedOut: every strategy has run, the force timeout has passed, and pods remain (seed 004's
+	// failed drain; the reconciler raises kmm_node_drain_timeout).
+	TimedOut bool
+}
+
+// draining says whether the pair drains workloads now.
+func (f *Facts) draining() bool {
+	return f.state() == DevicePluginDraining && f.Drain.Policy != nil && f.Status.Drain != nil
+}
+
+// remainingWorkloads are the pods the drain still waits for (ignored namespaces excluded).
+func (f *Facts) remainingWorkloads() []WorkloadPod {
+	if f.Drain.Policy == nil {
+		return nil
+	}
+	var out []WorkloadPod
+	for _, p := range f.Drain.Pods {
+		if !ignored(f.Drain.Policy, p.Namespace) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func ignored(policy *kmmv1beta1.DrainSpec, namespace string) bool {
+	for _, pattern := range policy.IgnoredNamespacePatterns {
+		if re, err := regexp.Compile(pattern); err == nil && re.MatchString(namespace) {
+			return true
+		}
+	}
+	return false
+}
+
+// planDrain escalates through the strategies of seed 004 as the timeouts pass since the drain started.
+func planDrain(f *Facts) *DrainPlan {
+	if !f.draining() {
+		return nil
+	}
+	pol := f.Drain.Policy
+	elapsed := f.Now.Sub(f.Status.Drain.StartTime.Time)
+	deleteAfter := time.Duration(pol.TimeoutSeconds) * time.Second
+	forceAfter := time.Duration(pol.PDBForceDrainTimeoutSeconds) * time.Second
+	p := &DrainPlan{Cordon: !f.Drain.NodeCordoned, Strategy: StrategyEvict}
+	escalate := !pol.DisableDrainStrategies
+	for _, w := range f.remainingWorkloads() {
+		switch {
+		case w.Terminating && escalate && elapsed >= deleteAfter && w.Finalizers:
+			p.StripFinalizers = append(p.StripFinalizers, w)
+		case w.Terminating:
+		case escalate && elapsed >= forceAfter && w.PDBProtected:
+			p.Delete, p.Strategy = append(p.Delete, w), StrategyForceDeletePDB
+		case escalate && elapsed >= deleteAfter && !w.PDBProtected:
+			p.Delete = append(p.Delete, w)
+			p.Strategy = strongest(p.Strategy, StrategyDeleteNonPDB)
+		default:
+			p.Evict = append(p.Evict, w)
+		}
+	}
+	if len(p.StripFinalizers) > 0 {
+		p.Strategy = strongest(p.Strategy, StrategyDeleteNonPDB)
+	}
+	allRun := pol.DisableDrainStrategies || elapsed >= forceAfter
+	p.TimedOut = allRun && elapsed >= max(deleteAfter, forceAfter) && len(f.remainingWorkloads()) > 0
+	return p
+}
+
+var strategyRank = map[string]int{StrategyEvict: 1, StrategyDeleteNonPDB: 2, StrategyForceDeletePDB: 3}
+
+func strongest(a, b string) string {
+	if strategyRank[b] > strategyRank[a] {
+		return b
+	}
+	return a
+}
+
+// recordDrain keeps the drain's record in the status entry: started on entering
+// DevicePluginDraining, strongest strategy and cordon remembered, cleared once Loaded again.
+func recordDrain(st *kmmv1beta1.NodeModuleStatus, f *Facts, plan *DrainPlan) {
+	switch {
+	case st.State == DevicePluginDraining && f.Drain.Policy != nil && st.Drain == nil:
+		st.Drain = &kmmv1beta1.DrainStatus{StartTime: metav1.NewTime(f.Now)}
+	case st.State == Loaded || st.State == Absent:
+		st.Drain = nil
+		return
+	}
+	if st.Drain == nil || plan == nil {
+		return
+	}
+	st.Drain.LastStrategy = strongest(st.Drain.LastStrategy, plan.Strategy)
+	st.Drain.CordonedByKMM = st.Drain.CordonedByKMM || plan.Cordon
+}

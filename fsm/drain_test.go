@@ -1,0 +1,100 @@
+package fsm
+
+import (
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+)
+
+func drainingFacts(elapsed time.Duration, policy kmmv1beta1.DrainSpec, pods ...WorkloadPod) Facts {
+	v1 := entry(k1, "r/m:v1", "v1")
+	st := loaded(DevicePluginDraining, v1)
+	st.Drain = &kmmv1beta1.DrainStatus{StartTime: metav1.NewTime(t0.Add(-elapsed)), CordonedByKMM: true}
+	node := readyNode(k1)
+	node.UpgradeTarget, node.Schedulable = "v2", false
+	f := facts(nil, st, node)
+	f.Drain = DrainFacts{Policy: &policy, Pods: pods, NodeCordoned: true}
+	return f
+}
+
+var (
+	plain   = WorkloadPod{Namespace: "app", Name: "plain"}
+	guarded = WorkloadPod{Namespace: "app", Name: "guarded", PDBProtected: true}
+	stuck   = WorkloadPod{Namespace: "app", Name: "stuck", Terminating: true, Finalizers: true}
+	system  = WorkloadPod{Namespace: "kube-system", Name: "sys"}
+	policy  = kmmv1beta1.DrainSpec{TimeoutSeconds: 60, PDBForceDrainTimeoutSeconds: 300, IgnoredNamespacePatterns: []string{"^kube-"}}
+)
+
+// TestDrainEscalates follows seed 004's strategies as time passes since the drain started.
+func TestDrainEscalates(t *testing.T) {
+	names := func(ps []WorkloadPod) string {
+		s := ""
+		for _, p := range ps {
+			s += p.Name + " "
+		}
+		return s
+	}
+	cases := []struct {
+		name                        string
+		elapsed                     time.Duration
+		policy                      kmmv1beta1.DrainSpec
+		evict, del, strip, strategy string
+		timedOut                    bool
+	}{
+		{"before the timeout: evict only, PDBs honoured by the Eviction API", 10 * time.Second, policy, "plain guarded ", "", "", StrategyEvict, false},
+		{"after timeoutSeconds: delete non-PDB pods, strip finalizers of stuck ones", 61 * time.Second, policy, "guarded ", "plain ", "stuck ", StrategyDeleteNonPDB, false},
+		{"after pdbForceDrainTimeoutSeconds: PDB pods too", 301 * time.Second, policy, "", "plain guarded ", "stuck ", StrategyForceDeletePDB, true},
+		{"strategies disabled: eviction only, timed out after the timeout", 400 * time.Second,
+			kmmv1beta1.DrainSpec{TimeoutSeconds: 60, PDBForceDrainTimeoutSeconds: 300, DisableDrainStrategies: true, IgnoredNamespacePatterns: []string{"^kube-"}}, "plain guarded ", "", "", StrategyEvict, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := Step(drainingFacts(tc.elapsed, tc.policy, plain, guarded, stuck, system))
+			p := r.Plan.Drain
+			if p == nil {
+				t.Fatal("no drain plan")
+			}
+			if names(p.Evict) != tc.evict || names(p.Delete) != tc.del || names(p.StripFinalizers) != tc.strip || p.Strategy != tc.strategy || p.TimedOut != tc.timedOut {
+				t.Fatalf("plan evict[%s] delete[%s] strip[%s] %s timedOut %v", names(p.Evict), names(p.Delete), names(p.StripFinalizers), p.Strategy, p.TimedOut)
+			}
+			if r.Status.Drain.LastStrategy != tc.strategy || r.Status.State != DevicePluginDraining {
+				t.Fatalf("status drain %+v state %s", r.Status.Drain, r.Status.State)
+			}
+		})
+	}
+}
+
+func TestDrainStartsCordonsAndFinishes(t *testing.T) {
+	v1 := entry(k1, "r/m:v1", "v1")
+	node := readyNode(k1)
+	node.UpgradeTarget = "v2"
+	f := facts(v1, loaded(Loaded, v1), node)
+	f.Drain = DrainFacts{Policy: &policy, Pods: []WorkloadPod{plain}}
+	r := check(t, f, want{state: DevicePluginDraining})
+	if r.Status.Drain == nil || !r.Status.Drain.StartTime.Equal(&metav1.Time{Time: t0}) || !r.Plan.Drain.Cordon || !r.Status.Drain.CordonedByKMM {
+		t.Fatalf("drain not started and cordon not recorded: %+v %+v", r.Status.Drain, r.Plan.Drain)
+	}
+
+	// Spec removed (step 3), device plugin gone, a workload still there: no unload yet.
+	f = drainingFacts(time.Second, policy, plain)
+	check(t, f, want{state: DevicePluginDraining})
+	// Only an ignored-namespace pod left: the drain is done.
+	f = drainingFacts(time.Second, policy, system)
+	check(t, f, want{state: Unloading, create: ActionUnload}) // our own cordon does not block the unload
+}
+
+func TestUncordonOnceTheNewVersionIsLoaded(t *testing.T) {
+	v2 := entry(k1, "r/m:v2", "v2")
+	st := kmmv1beta1.NodeModuleStatus{State: Loading, Drain: &kmmv1beta1.DrainStatus{StartTime: metav1.NewTime(t0), CordonedByKMM: true}}
+	node := readyNode(k1)
+	node.Schedulable, node.UpgradeTarget = false, "v2"
+	f := facts(v2, st, node)
+	f.Worker = Worker{Phase: PodSucceeded, Action: ActionLoad, Entry: *v2, Result: WorkerResult{BootID: "b1"}}
+	r := check(t, f, want{state: Loaded, delete: true, ready: true})
+	if !r.Plan.Uncordon || r.Status.Drain != nil {
+		t.Fatalf("uncordon %v drain %+v", r.Plan.Uncordon, r.Status.Drain)
+	}
+}
