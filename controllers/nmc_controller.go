@@ -34,7 +34,10 @@ import (
 
 // NMCReconciler is the NMC controller: one reconcile per node.
 type NMCReconciler struct {
-	Client      client.Client
+	Client client.Client
+	// APIReader reads what the cache does not hold: workload pods and PodDisruptionBudgets during
+	// an upgrade drain.
+	APIReader   client.Reader
 	Recorder    events.EventRecorder
 	Clock       clock.PassiveClock
 	WorkerImage string
@@ -70,6 +73,7 @@ type nodeFacts struct {
 	workers    map[string]*corev1.Pod // by module key
 	dpRunning  map[string]bool        // by module key
 	modulesSet map[string]bool        // module keys whose Module exists and is not being deleted
+	drains     map[string]*kmmv1beta1.DrainSpec
 }
 
 // pairOutcome is the decision for one pair with what the reconciler needs to carry it out.
@@ -87,7 +91,10 @@ func (r *NMCReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	now := r.Clock.Now()
-	outcomes := r.decide(f, now, log)
+	outcomes, err := r.decide(ctx, f, now, log)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
 	if err := r.writeStatus(ctx, f.nmc, outcomes); err != nil {
 		// A conflict means the NMC changed since it was read: the error requeues with back-off and the
 		// next reconcile decides on fresh facts.
@@ -128,6 +135,7 @@ func (r *NMCReconciler) gather(ctx context.Context, name string) (*nodeFacts, er
 			f.modulesSet[m.Namespace+"/"+m.Name] = true
 		}
 	}
+	f.drains = drainPolicies(modules.Items)
 	return f, nil
 }
 
@@ -147,11 +155,16 @@ func collectPod(f *nodeFacts, p *corev1.Pod, node string) {
 }
 
 // decide runs fsm.Step for every pair known on the node.
-func (r *NMCReconciler) decide(f *nodeFacts, now time.Time, log logr.Logger) []pairOutcome {
+func (r *NMCReconciler) decide(ctx context.Context, f *nodeFacts, now time.Time, log logr.Logger) ([]pairOutcome, error) {
 	node := observeNode(f.node)
 	var out []pairOutcome
 	for _, key := range pairKeys(f) {
 		facts := r.pairFacts(f, key, node, now)
+		drain, err := r.drainFacts(ctx, f, key, &facts)
+		if err != nil {
+			return nil, fmt.Errorf("reading the workloads to drain for %s: %w", key, err)
+		}
+		facts.Drain = drain
 		res := fsm.Step(facts)
 		if res.Err != nil {
 			unpermittedTriggersTotal.WithLabelValues(string(facts.Status.State)).Inc()
@@ -162,7 +175,7 @@ func (r *NMCReconciler) decide(f *nodeFacts, now time.Time, log logr.Logger) []p
 		}
 		out = append(out, pairOutcome{key: key, result: res, pod: f.workers[key]})
 	}
-	return out
+	return out, nil
 }
 
 func (r *NMCReconciler) pairFacts(f *nodeFacts, key string, node fsm.Node, now time.Time) fsm.Facts {
@@ -274,9 +287,11 @@ func (r *NMCReconciler) execute(ctx context.Context, f *nodeFacts, outcomes []pa
 	if err := r.patchLabels(ctx, f, outcomes); err != nil {
 		return fmt.Errorf("labelling node %s: %w", f.node.Name, err)
 	}
+	setDrainGauge(f.node.Name, outcomes)
 	var errs []error
 	for _, o := range outcomes {
 		p := o.result.Plan
+		errs = append(errs, r.executeDrain(ctx, f, o.key, p))
 		if p.DeleteWorker && o.pod != nil {
 			log.V(1).Info("Deleting finished worker pod", "module", o.key, "pod", o.pod.Name)
 			err := r.Client.Delete(ctx, o.pod, client.Preconditions{UID: &o.pod.UID})

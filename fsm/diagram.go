@@ -22,12 +22,16 @@ var StateDescriptions = map[State]string{
 		"recorded in status. The node carries the ready label (and version.ready with the loaded " +
 		"version). A new boot ID, a kernel other than the loaded one, or a Ready transition newer than " +
 		"the last worker run (rule 5) reloads. A spec entry that differs or is gone (rules 3 and 4) " +
-		"unloads, through DevicePluginDraining when a device plugin pod runs on the node. A version-module " +
-		"label asking for another version starts an ordered upgrade (seed 002).",
+		"unloads, through DevicePluginDraining when a device plugin pod runs on the node or the upgrade " +
+		"drain has workloads to move. A version-module label asking for another version starts an ordered " +
+		"upgrade (seed 002).",
 	DevicePluginDraining: "The module must be unloaded (or upgraded) but its device plugin pod still runs " +
-		"on the node; the ready label is gone, so the DaemonSet removes the pod. No unload pod runs in " +
-		"this state. When the pod is gone the pair moves to Unloading; if the spec comes back to the " +
-		"loaded config and no upgrade is requested, back to Loaded.",
+		"on the node, or workloads that use it must be drained first (upgradePolicy.drain: the node is " +
+		"cordoned, pods are evicted honouring PodDisruptionBudgets, then escalated as seed 004's timeouts " +
+		"pass; the drain's start and strongest strategy are kept in status). The ready label is gone, so the " +
+		"DaemonSet removes the device plugin pod. No unload pod runs in this state. When everything is gone " +
+		"the pair moves to Unloading; if the spec comes back to the loaded config and no upgrade is " +
+		"requested, back to Loaded.",
 	Unloading: "An unload worker pod is wanted for the loaded config. It is created only on a Ready, " +
 		"schedulable node whose kernel equals the loaded config's kernel and while no device plugin pod " +
 		"of the module runs there. Success leads to Absent, or to Upgrading during an ordered upgrade; " +

@@ -39,7 +39,7 @@ func TestDiagramsShowEveryStateAndTransition(t *testing.T) {
 			t.Errorf("Mermaid lacks %s --%s--> %s", e.From, e.Trigger, e.To)
 		}
 	}
-	if !strings.Contains(mmd, "[devicePluginRunning]") {
+	if !strings.Contains(mmd, "[drainNeeded]") {
 		t.Error("Mermaid does not name the guards")
 	}
 }

@@ -94,27 +94,36 @@ func planDrain(f *Facts) *DrainPlan {
 	deleteAfter := time.Duration(pol.TimeoutSeconds) * time.Second
 	forceAfter := time.Duration(pol.PDBForceDrainTimeoutSeconds) * time.Second
 	p := &DrainPlan{Cordon: !f.Drain.NodeCordoned, Strategy: StrategyEvict}
-	escalate := !pol.DisableDrainStrategies
+	esc := escalation{on: !pol.DisableDrainStrategies, deleteDue: elapsed >= deleteAfter, forceDue: elapsed >= forceAfter}
 	for _, w := range f.remainingWorkloads() {
-		switch {
-		case w.Terminating && escalate && elapsed >= deleteAfter && w.Finalizers:
-			p.StripFinalizers = append(p.StripFinalizers, w)
-		case w.Terminating:
-		case escalate && elapsed >= forceAfter && w.PDBProtected:
-			p.Delete, p.Strategy = append(p.Delete, w), StrategyForceDeletePDB
-		case escalate && elapsed >= deleteAfter && !w.PDBProtected:
-			p.Delete = append(p.Delete, w)
-			p.Strategy = strongest(p.Strategy, StrategyDeleteNonPDB)
-		default:
-			p.Evict = append(p.Evict, w)
-		}
+		esc.place(p, w)
 	}
-	if len(p.StripFinalizers) > 0 {
-		p.Strategy = strongest(p.Strategy, StrategyDeleteNonPDB)
-	}
-	allRun := pol.DisableDrainStrategies || elapsed >= forceAfter
+	allRun := pol.DisableDrainStrategies || esc.forceDue
 	p.TimedOut = allRun && elapsed >= max(deleteAfter, forceAfter) && len(f.remainingWorkloads()) > 0
 	return p
+}
+
+// escalation says which strategies are due.
+type escalation struct {
+	on, deleteDue, forceDue bool
+}
+
+// place puts a workload pod under the strongest strategy due for it.
+func (e escalation) place(p *DrainPlan, w WorkloadPod) {
+	switch {
+	case w.Terminating && e.on && e.deleteDue && w.Finalizers:
+		p.StripFinalizers = append(p.StripFinalizers, w)
+		p.Strategy = strongest(p.Strategy, StrategyDeleteNonPDB)
+	case w.Terminating:
+		// on its way out
+	case e.on && e.forceDue && w.PDBProtected:
+		p.Delete, p.Strategy = append(p.Delete, w), StrategyForceDeletePDB
+	case e.on && e.deleteDue && !w.PDBProtected:
+		p.Delete = append(p.Delete, w)
+		p.Strategy = strongest(p.Strategy, StrategyDeleteNonPDB)
+	default:
+		p.Evict = append(p.Evict, w)
+	}
 }
 
 var strategyRank = map[string]int{StrategyEvict: 1, StrategyDeleteNonPDB: 2, StrategyForceDeletePDB: 3}

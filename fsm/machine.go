@@ -141,10 +141,10 @@ func Configure(sm *stateless.StateMachine) {
 	sm.Configure(Loaded).
 		Permit(NodeRebooted, Loading, nodeKernelMatchesSpec).
 		Permit(NodeRebooted, Absent, nodeKernelDiffersFromSpec).
-		Permit(SpecRemoved, DevicePluginDraining, devicePluginRunning).
-		Permit(SpecRemoved, Unloading, devicePluginNotRunning).
-		Permit(SpecChanged, DevicePluginDraining, devicePluginRunning).
-		Permit(SpecChanged, Unloading, devicePluginNotRunning).
+		Permit(SpecRemoved, DevicePluginDraining, drainNeeded).
+		Permit(SpecRemoved, Unloading, nothingToDrain).
+		Permit(SpecChanged, DevicePluginDraining, drainNeeded).
+		Permit(SpecChanged, Unloading, nothingToDrain).
 		Permit(UpgradeRequested, DevicePluginDraining)
 
 	sm.Configure(DevicePluginDraining).
@@ -180,12 +180,15 @@ func nodeKernelDiffersFromSpec(ctx context.Context, args ...any) bool {
 	return !nodeKernelMatchesSpec(ctx, args...)
 }
 
-func devicePluginRunning(ctx context.Context, _ ...any) bool {
-	return pairFrom(ctx).facts.DevicePluginRunning
+// drainNeeded: the module's device plugin pod, or workload pods its upgrade drain selects, are
+// still on the node: they must go before an unload.
+func drainNeeded(ctx context.Context, _ ...any) bool {
+	f := pairFrom(ctx).facts
+	return f.DevicePluginRunning || len(f.remainingWorkloads()) > 0
 }
 
-func devicePluginNotRunning(ctx context.Context, args ...any) bool {
-	return !devicePluginRunning(ctx, args...)
+func nothingToDrain(ctx context.Context, args ...any) bool {
+	return !drainNeeded(ctx, args...)
 }
 
 // nothingLoadedHere: no config recorded as loaded for the kernel the node runs.
@@ -193,14 +196,14 @@ func nothingLoadedHere(ctx context.Context, _ ...any) bool {
 	return !pairFrom(ctx).facts.statusKernelMatches()
 }
 
-// loadedHereWithDevicePlugin: a config is loaded for the node's kernel and the device plugin runs.
+// loadedHereWithDevicePlugin: a config is loaded for the node's kernel and something must be drained first.
 func loadedHereWithDevicePlugin(ctx context.Context, args ...any) bool {
-	return !nothingLoadedHere(ctx, args...) && devicePluginRunning(ctx, args...)
+	return !nothingLoadedHere(ctx, args...) && drainNeeded(ctx, args...)
 }
 
-// loadedHereWithoutDevicePlugin: a config is loaded for the node's kernel, no device plugin pod.
+// loadedHereWithoutDevicePlugin: a config is loaded for the node's kernel and nothing to drain.
 func loadedHereWithoutDevicePlugin(ctx context.Context, args ...any) bool {
-	return !nothingLoadedHere(ctx, args...) && !devicePluginRunning(ctx, args...)
+	return !nothingLoadedHere(ctx, args...) && !drainNeeded(ctx, args...)
 }
 
 func upgradeInProgress(ctx context.Context, _ ...any) bool {

@@ -14,6 +14,9 @@ import (
 // step, so a longer chain would be a cycle).
 const maxTriggersPerStep = 8
 
+// drainPoll is how often a draining pair looks at its workload pods again.
+const drainPoll = 2 * time.Second
+
 // Result is the NMC decision for one pair.
 type Result struct {
 	// Status is the new status entry; nil means the entry should be removed (nothing loaded,
@@ -86,6 +89,9 @@ func Step(f Facts) Result {
 	f.Status = st
 	res.Plan = plan(&f)
 	res.Plan.Drain = drain
+	if drain != nil && (res.Plan.RequeueAfter == 0 || res.Plan.RequeueAfter > drainPoll) {
+		res.Plan.RequeueAfter = drainPoll // workload pods are not watched: look again soon
+	}
 	res.Plan.Uncordon = wasCordoned && st.Drain == nil
 	if st.State != Absent || f.Spec != nil || f.Worker.Phase == PodRunning {
 		res.Status = &st

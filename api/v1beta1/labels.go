@@ -29,7 +29,7 @@ func DevicePluginVersionLabel(namespace, name string) string {
 	return "beta.kmm.node.kubernetes.io/version-device-plugin." + namespace + "." + name
 }
 
-// UpgradeSkipLabel, when present on a node (any value), keeps the automatic rollout of
+// UpgradeSkipLabel is the node label that, when present (any value), keeps the automatic rollout of
 // spec.upgradePolicy from moving that node's version-module label; the node does not count
 // toward maxUnavailable either.
 func UpgradeSkipLabel(namespace, name string) string {

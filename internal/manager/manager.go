@@ -181,6 +181,7 @@ func setupControllers(mgr ctrl.Manager, o Options) error {
 	}
 	nmc := &controllers.NMCReconciler{
 		Client:                  mgr.GetClient(),
+		APIReader:               mgr.GetAPIReader(),
 		Recorder:                mgr.GetEventRecorder("kmm-nmc"),
 		Clock:                   clock.RealClock{},
 		WorkerImage:             o.WorkerImage,
@@ -193,6 +194,9 @@ func setupControllers(mgr ctrl.Manager, o Options) error {
 	labels := &upgrade.LabelReconciler{Client: mgr.GetClient()}
 	if err := labels.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the version label controller: %w", err)
+	}
+	if err := (&upgrade.RolloutReconciler{Client: mgr.GetClient()}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the automatic rollout controller: %w", err)
 	}
 	return nil
 }

@@ -1,0 +1,133 @@
+package controllers_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/fsm"
+)
+
+// TestUpgradeDrain upgrades one node whose workloads use the module: a Deployment under a PDB
+// (minAvailable = replicas−1), a pod held by a finalizer, and a pod in an ignored namespace. The
+// PDB is honoured until the force timeout, the finalizer is stripped, the ignored pod is left
+// alone, the node is cordoned during the drain and uncordoned after, and v2 ends loaded.
+func TestUpgradeDrain(t *testing.T) {
+	startOperator(t)
+	tb := newTestBed(t, 1, kernelA)
+	n := tb.nodes[0]
+	ctx := context.Background()
+	setNodeLabel(t, n, kmmv1beta1.ModuleVersionLabel(tb.ns, "nic"), "v1")
+	m := tb.module("nic")
+	m.Spec.ModuleLoader.Container.Version = "v1"
+	m.Spec.ModuleLoader.Container.KernelMappings[0].ContainerImage = "reg.example.com/nic:v1"
+	m.Spec.UpgradePolicy = &kmmv1beta1.UpgradePolicy{Drain: &kmmv1beta1.DrainSpec{
+		PodSelector:                 &metav1.LabelSelector{MatchLabels: map[string]string{"app": "uses-nic"}},
+		TimeoutSeconds:              2,
+		PDBForceDrainTimeoutSeconds: 4,
+		IgnoredNamespacePatterns:    []string{"^ignored-"},
+	}}
+	tb.create(m)
+	tb.waitLoaded("nic", "reg.example.com/nic:v1", n)
+
+	ignoredNS := "ignored-" + tb.ns
+	tb.create(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ignoredNS}})
+	workloads(t, tb, n, ignoredNS)
+
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		got := &kmmv1beta1.Module{}
+		if err := k8s.Get(ctx, client.ObjectKeyFromObject(m), got); err != nil {
+			return err
+		}
+		got.Spec.ModuleLoader.Container.Version = "v2"
+		got.Spec.ModuleLoader.Container.KernelMappings[0].ContainerImage = "reg.example.com/nic:v2"
+		return k8s.Update(ctx, got)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	setNodeLabel(t, n, kmmv1beta1.ModuleVersionLabel(tb.ns, "nic"), "v2")
+	eventually(t, 20*time.Second, func() (bool, string) {
+		st := pairStatus(n, tb.ns, "nic")
+		return getNode(t, n).Spec.Unschedulable && st != nil && st.Drain != nil, "the node cordoned by the drain: " + describe(st)
+	})
+	tb.waitLoaded("nic", "reg.example.com/nic:v2", n)
+	if getNode(t, n).Spec.Unschedulable {
+		t.Error("the node is still cordoned after the upgrade")
+	}
+	assertPassedThrough(t, n, tb.ns, fsm.DevicePluginDraining, fsm.Unloading, fsm.Upgrading, fsm.Loading, fsm.Loaded)
+	if err := k8s.Get(ctx, client.ObjectKey{Namespace: tb.ns, Name: "stuck"}, &corev1.Pod{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the pod held by a finalizer is still there (%v)", err)
+	}
+	kept := &corev1.Pod{}
+	if err := k8s.Get(ctx, client.ObjectKey{Namespace: ignoredNS, Name: "bystander"}, kept); err != nil || kept.DeletionTimestamp != nil {
+		t.Errorf("the pod in the ignored namespace was touched: %v %v", err, kept.DeletionTimestamp)
+	}
+	assertEvents(t, tb.ns, "DrainStrippedFinalizers", "DrainDeleted")
+}
+
+// workloads creates the drain's targets on node n.
+func workloads(t *testing.T, tb *testBed, n, ignoredNS string) {
+	t.Helper()
+	labels := map[string]string{"app": "uses-nic"}
+	tb.create(&appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: tb.ns, Name: "web"}, Spec: appsv1.DeploymentSpec{
+		Replicas: ptr.To[int32](2),
+		Selector: &metav1.LabelSelector{MatchLabels: labels},
+		Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: corev1.PodSpec{
+			NodeSelector: map[string]string{corev1.LabelHostname: n},
+			Containers:   []corev1.Container{{Name: "web", Image: "reg.example.com/web:1"}},
+		}},
+	}})
+	minAvailable := intstr.FromInt32(1)
+	tb.create(&policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Namespace: tb.ns, Name: "web"},
+		Spec: policyv1.PodDisruptionBudgetSpec{MinAvailable: &minAvailable, Selector: &metav1.LabelSelector{MatchLabels: labels}}})
+	for _, p := range []*corev1.Pod{
+		{ObjectMeta: metav1.ObjectMeta{Namespace: tb.ns, Name: "stuck", Labels: labels, Finalizers: []string{"kmm.test/hold"}}},
+		{ObjectMeta: metav1.ObjectMeta{Namespace: ignoredNS, Name: "bystander", Labels: labels}},
+	} {
+		p.Spec = corev1.PodSpec{NodeName: n, Containers: []corev1.Container{{Name: "c", Image: "reg.example.com/app:1"}}}
+		tb.create(p)
+	}
+	eventually(t, 30*time.Second, func() (bool, string) {
+		pods := &corev1.PodList{}
+		_ = k8s.List(context.Background(), pods, client.MatchingLabels(labels))
+		running := 0
+		for _, p := range pods.Items {
+			if p.Spec.NodeName == n && p.Status.Phase == corev1.PodRunning {
+				running++
+			}
+		}
+		return running == 4, fmt.Sprintf("%d of 4 workload pods running", running)
+	})
+}
+
+func assertEvents(t *testing.T, ns string, reasons ...string) {
+	t.Helper()
+	eventually(t, 10*time.Second, func() (bool, string) {
+		evs := &eventsv1.EventList{}
+		_ = k8s.List(context.Background(), evs, client.InNamespace(ns))
+		seen := map[string]bool{}
+		for _, e := range evs.Items {
+			seen[e.Reason] = true
+		}
+		for _, r := range reasons {
+			if !seen[r] {
+				return false, "an Event with reason " + r
+			}
+		}
+		return true, ""
+	})
+}

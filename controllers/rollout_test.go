@@ -1,0 +1,161 @@
+package controllers_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/fsm"
+	"github.com/kmm-project/kmm/internal/manager"
+)
+
+// TestRolloutAutomatic runs spec.upgradePolicy{automatic, maxUnavailable: 1} over four nodes:
+// three start labelled v1, the fourth unlabelled and is adopted by the rollout. After the Module
+// moves to v2 the operator moves the version-module labels itself; every node ends Loaded v2 with
+// version.ready=v2, and a watch on the NMCs never sees more than one node's pair out of Loaded.
+func TestRolloutAutomatic(t *testing.T) {
+	startOperator(t)
+	tb := newTestBed(t, 4, kernelA)
+	label := kmmv1beta1.ModuleVersionLabel(tb.ns, "nic")
+	for _, n := range tb.nodes[:3] {
+		setNodeLabel(t, n, label, "v1")
+	}
+	one := intstr.FromInt32(1)
+	m := tb.module("nic")
+	m.Spec.ModuleLoader.Container.Version = "v1"
+	m.Spec.ModuleLoader.Container.KernelMappings[0].ContainerImage = "reg.example.com/nic:v1"
+	m.Spec.DevicePlugin = &kmmv1beta1.DevicePluginSpec{Container: kmmv1beta1.DevicePluginContainerSpec{Image: "reg.example.com/nic-dp:v1"}}
+	m.Spec.UpgradePolicy = &kmmv1beta1.UpgradePolicy{Automatic: true, MaxUnavailable: &one}
+	tb.create(m)
+	tb.waitLoaded("nic", "reg.example.com/nic:v1", tb.nodes...)
+	tb.waitVersionReady("v1", tb.nodes...)
+	if got := getNode(t, tb.nodes[3]).Labels[label]; got != "v1" {
+		t.Fatalf("the unlabelled node %s was not adopted: version-module label %q, want v1", tb.nodes[3], got)
+	}
+	waitDevicePlugins(t, tb.ns, "v1", tb.nodes...)
+
+	watcher := watchOutOfLoaded(t, tb.ns, "nic", tb.nodes)
+	start := time.Now()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		got := &kmmv1beta1.Module{}
+		if err := k8s.Get(context.Background(), client.ObjectKeyFromObject(m), got); err != nil {
+			return err
+		}
+		got.Spec.ModuleLoader.Container.Version = "v2"
+		got.Spec.ModuleLoader.Container.KernelMappings[0].ContainerImage = "reg.example.com/nic:v2"
+		return k8s.Update(context.Background(), got)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	eventually(t, 60*time.Second, func() (bool, string) {
+		for _, n := range tb.nodes {
+			st := pairStatus(n, tb.ns, "nic")
+			if st == nil || st.State != kmmv1beta1.StateLoaded || st.Config == nil || st.Config.ContainerImage != "reg.example.com/nic:v2" {
+				return false, fmt.Sprintf("nic on %s: %s, want Loaded v2", n, describe(st))
+			}
+			if v := getNode(t, n).Labels[kmmv1beta1.VersionReadyLabel(tb.ns, "nic")]; v != "v2" {
+				return false, fmt.Sprintf("version.ready on %s is %q, want v2", n, v)
+			}
+		}
+		return true, ""
+	})
+	t.Logf("rollout of 4 nodes took %v", time.Since(start).Round(time.Millisecond))
+	for _, n := range tb.nodes {
+		if got := getNode(t, n).Labels[label]; got != "v2" {
+			t.Fatalf("version-module label on %s is %q, want v2 (set by the rollout)", n, got)
+		}
+		if got := node.Loaded(n)[tb.ns+"/nic"]; got.ContainerImage != "reg.example.com/nic:v2" {
+			t.Fatalf("the kernel of %s has %q loaded, want v2", n, got.ContainerImage)
+		}
+		assertPassedThrough(t, n, tb.ns, fsm.DevicePluginDraining, fsm.Unloading, fsm.Upgrading, fsm.Loading)
+	}
+	waitDevicePlugins(t, tb.ns, "v2", tb.nodes...)
+
+	maxOut, events, upgraded := watcher.result()
+	t.Logf("NMC watch: %d events, at most %d node(s) out of Loaded at once, %d node(s) seen leaving Loaded", events, maxOut, upgraded)
+	if maxOut > 1 {
+		t.Fatalf("up to %d nodes were out of Loaded at once, maxUnavailable is 1", maxOut)
+	}
+	if upgraded != len(tb.nodes) {
+		t.Fatalf("the watch saw %d nodes leave Loaded, want %d: it is not watching", upgraded, len(tb.nodes))
+	}
+}
+
+// outOfLoaded watches the NMCs of a test's nodes and records the largest number of nodes whose
+// pair of the Module was out of Loaded (or had no status entry) at any observed moment.
+type outOfLoaded struct {
+	mu      sync.Mutex
+	out     map[string]bool
+	left    map[string]bool // nodes seen out of Loaded at least once
+	max     int
+	events  int
+	watched map[string]bool
+}
+
+func watchOutOfLoaded(t *testing.T, ns, name string, nodes []string) *outOfLoaded {
+	t.Helper()
+	wc, err := client.NewWithWatch(env.Config, client.Options{Scheme: manager.NewScheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	w, err := wc.Watch(ctx, &kmmv1beta1.NodeModulesConfigList{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := &outOfLoaded{out: map[string]bool{}, left: map[string]bool{}, watched: map[string]bool{}}
+	for _, n := range nodes {
+		o.watched[n] = true
+	}
+	go func() {
+		for ev := range w.ResultChan() {
+			if nmc, ok := ev.Object.(*kmmv1beta1.NodeModulesConfig); ok {
+				o.observe(ev.Type, nmc, ns, name)
+			}
+		}
+	}()
+	return o
+}
+
+func (o *outOfLoaded) observe(t watch.EventType, nmc *kmmv1beta1.NodeModulesConfig, ns, name string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if !o.watched[nmc.Name] {
+		return
+	}
+	o.events++
+	loaded := false
+	for _, st := range nmc.Status.Modules {
+		if st.Namespace == ns && st.Name == name {
+			loaded = st.State == kmmv1beta1.StateLoaded
+		}
+	}
+	o.out[nmc.Name] = t == watch.Deleted || !loaded
+	if o.out[nmc.Name] {
+		o.left[nmc.Name] = true
+	}
+	n := 0
+	for _, out := range o.out {
+		if out {
+			n++
+		}
+	}
+	o.max = max(o.max, n)
+}
+
+func (o *outOfLoaded) result() (maxOut, events, left int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.max, o.events, len(o.left)
+}

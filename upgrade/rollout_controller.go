@@ -1,0 +1,186 @@
+package upgrade
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+
+	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+)
+
+// RolloutRequeue is how often a Module whose automatic rollout is not complete is looked at again
+// even without events (a safety net: node, NMC and Module events drive the rollout).
+const RolloutRequeue = 30 * time.Second
+
+// rolloutCacheWait bounds the wait for the cache to show the labels just patched.
+const rolloutCacheWait = 5 * time.Second
+
+// RolloutReconciler is the automatic rollout of spec.upgradePolicy: per Module, it moves the
+// user's version-module label of the selected nodes to the Module's version, a few nodes at a
+// time (PlanRollout); the version label controller then carries out seed 002's flow per node.
+type RolloutReconciler struct {
+	Client client.Client
+}
+
+// SetupWithManager watches Modules, and Nodes and NMCs mapped to the automatic Modules they concern.
+func (r *RolloutReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("upgrade-rollout").
+		For(&kmmv1beta1.Module{}).
+		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.modulesOfNode), builder.WithPredicates(nodeRolloutFactsChanged())).
+		Watches(&kmmv1beta1.NodeModulesConfig{}, handler.EnqueueRequestsFromMapFunc(modulesOfNMC)).
+		Complete(r)
+}
+
+// nodeRolloutFactsChanged passes node updates that change what PlanRollout reads: labels,
+// cordon, readiness.
+func nodeRolloutFactsChanged() predicate.Predicate {
+	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		o, n := e.ObjectOld.(*corev1.Node), e.ObjectNew.(*corev1.Node)
+		return !equality.Semantic.DeepEqual(o.Labels, n.Labels) ||
+			o.Spec.Unschedulable != n.Spec.Unschedulable || nodeReady(o) != nodeReady(n)
+	}}
+}
+
+// modulesOfNode maps a node to the automatic Modules whose selector matches it.
+func (r *RolloutReconciler) modulesOfNode(ctx context.Context, o client.Object) []ctrl.Request {
+	modules := &kmmv1beta1.ModuleList{}
+	if err := r.Client.List(ctx, modules); err != nil {
+		return nil
+	}
+	var out []ctrl.Request
+	for i := range modules.Items {
+		m := &modules.Items[i]
+		if automatic(m) && labels.SelectorFromSet(m.Spec.Selector).Matches(labels.Set(o.GetLabels())) {
+			out = append(out, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(m)})
+		}
+	}
+	return out
+}
+
+// modulesOfNMC maps an NMC to the Modules of its spec and status entries.
+func modulesOfNMC(_ context.Context, o client.Object) []ctrl.Request {
+	nmc := o.(*kmmv1beta1.NodeModulesConfig)
+	seen := map[types.NamespacedName]bool{}
+	var out []ctrl.Request
+	add := func(ns, name string) {
+		key := types.NamespacedName{Namespace: ns, Name: name}
+		if !seen[key] {
+			seen[key] = true
+			out = append(out, ctrl.Request{NamespacedName: key})
+		}
+	}
+	for _, s := range nmc.Spec.Modules {
+		add(s.Namespace, s.Name)
+	}
+	for _, s := range nmc.Status.Modules {
+		add(s.Namespace, s.Name)
+	}
+	return out
+}
+
+// Reconcile gathers the selected nodes and their pairs, plans one rollout step and patches the
+// version-module labels the plan names.
+func (r *RolloutReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	m := &kmmv1beta1.Module{}
+	if err := r.Client.Get(ctx, req.NamespacedName, m); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !automatic(m) {
+		return ctrl.Result{}, nil
+	}
+	in, err := r.gather(ctx, m)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	intents, progress := planRollout(in)
+	log := ctrl.LoggerFrom(ctx).WithValues("module", req.NamespacedName, "version", m.Spec.ModuleLoader.Container.Version)
+	key := kmmv1beta1.ModuleVersionLabel(m.Namespace, m.Name)
+	for _, it := range intents {
+		log.Info("Moving the version-module label", "node", it.Node, "done", progress.Done, "total", progress.Total,
+			"unavailable", progress.Unavailable, "maxUnavailable", progress.Budget)
+		if err := r.setLabel(ctx, it.Node, key, it.Version); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	if progress.Complete() {
+		return ctrl.Result{}, nil
+	}
+	return ctrl.Result{RequeueAfter: RolloutRequeue}, nil
+}
+
+// gather reads the selected nodes and their pairs' NMC status entries into a RolloutInput.
+func (r *RolloutReconciler) gather(ctx context.Context, m *kmmv1beta1.Module) (RolloutInput, error) {
+	nodes := &corev1.NodeList{}
+	if err := r.Client.List(ctx, nodes, client.MatchingLabels(m.Spec.Selector)); err != nil {
+		return RolloutInput{}, err
+	}
+	in := RolloutInput{Module: m, Nodes: make([]RolloutNode, 0, len(nodes.Items))}
+	for i := range nodes.Items {
+		n := &nodes.Items[i]
+		rn := RolloutNode{Name: n.Name, Labels: n.Labels, Ready: nodeReady(n), Unschedulable: n.Spec.Unschedulable}
+		nmc := &kmmv1beta1.NodeModulesConfig{}
+		if err := r.Client.Get(ctx, client.ObjectKey{Name: n.Name}, nmc); client.IgnoreNotFound(err) != nil {
+			return RolloutInput{}, err
+		}
+		for _, st := range nmc.Status.Modules {
+			if st.Namespace == m.Namespace && st.Name == m.Name {
+				rn.State = st.State
+				if st.Config != nil {
+					rn.LoadedVersion = st.Config.Version
+				}
+			}
+		}
+		in.Nodes = append(in.Nodes, rn)
+	}
+	return in, nil
+}
+
+// setLabel merge-patches one label of a node, then waits for the cache to show it: the next plan
+// must count this node as in progress, or a stale cache would let it start more nodes than
+// maxUnavailable allows.
+func (r *RolloutReconciler) setLabel(ctx context.Context, nodeName, key, value string) error {
+	data, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]string{key: value}}})
+	if err != nil {
+		return err
+	}
+	n := &corev1.Node{}
+	n.Name = nodeName
+	if err := r.Client.Patch(ctx, n, client.RawPatch(types.MergePatchType, data)); err != nil {
+		return fmt.Errorf("setting %s=%s on node %s: %w", key, value, nodeName, err)
+	}
+	err = wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, rolloutCacheWait, true, func(ctx context.Context) (bool, error) {
+		cached := &corev1.Node{}
+		if err := r.Client.Get(ctx, client.ObjectKey{Name: nodeName}, cached); err != nil {
+			return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
+		}
+		return cached.Labels[key] == value, nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for the cache to show %s=%s on node %s: %w", key, value, nodeName, err)
+	}
+	return nil
+}
+
+func nodeReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}

@@ -1,0 +1,574 @@
+package upgrade
+
+import (
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"pgregory.net/rapid"
+
+	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+)
+
+// This file simulates the automatic rollout: a small world of nodes whose (node, Module) pairs
+// move one state at a time along seed 002's upgrade path (Loaded v1 → DevicePluginDraining → the
+// device plugin pod leaves → Unloading → Upgrading → Loading → Loaded v2 → the device plugin pod
+// comes back), nodes that go NotReady or get cordoned at random, and the real PlanRollout moving
+// the version-module labels. Invariants are checked after every step; when events stop and every
+// node is Ready, every node that is not skipped must end Loaded with the new version.
+
+// TestMain lengthens rapid's interleavings for this package (unless -rapid.steps is given): a node
+// needs seven steps to upgrade, and the interesting cases flip readiness in the middle.
+func TestMain(m *testing.M) {
+	flag.Parse()
+	steps := false
+	flag.Visit(func(f *flag.Flag) { steps = steps || f.Name == "rapid.steps" })
+	if !steps {
+		_ = flag.Set("rapid.steps", "100")
+	}
+	os.Exit(m.Run())
+}
+
+// startedBesideUnavailable counts planner runs that started nodes while another node was NotReady
+// or cordoned, so that the property test can show it exercises that budget rule.
+var startedBesideUnavailable int
+
+const (
+	simOld = "v1"
+	simNew = "v2"
+)
+
+// rolloutFaults are deliberately broken planners (wrappers that hide facts from PlanRollout) and
+// a broken node; the seeded-fault tests require the simulation to catch each one.
+type rolloutFaults struct {
+	ignoresBudget         bool // the planner plans as if maxUnavailable were 100%
+	ignoresUnavailable    bool // the planner sees every node Ready and schedulable
+	ignoresSkip           bool // the planner does not see the upgrade-skip label
+	unloadsBeforeDPLeaves bool // the node unloads while the device plugin pod still runs
+}
+
+type rolloutSimNode struct {
+	name     string
+	label    string // user version-module label, "" when absent
+	skip     bool
+	ready    bool
+	cordoned bool
+	state    kmmv1beta1.ModuleState
+	loaded   string // version loaded in the node's kernel
+	dpPod    bool   // a device plugin pod runs on the node
+	initial  rolloutSimNode0
+}
+
+// rolloutSimNode0 is what a node started with, to check that skipped nodes are left alone.
+type rolloutSimNode0 struct {
+	label, loaded string
+	state         kmmv1beta1.ModuleState
+}
+
+type rolloutWorld struct {
+	module     *kmmv1beta1.Module
+	nodes      []*rolloutSimNode
+	budget     int // maxUnavailable resolved by the test itself, not by the code under test
+	faults     rolloutFaults
+	trace      []string
+	violations []string
+}
+
+// rolloutSetup is the random part of a world: the node count, each node's start and the policy.
+type rolloutSetup struct {
+	n              int
+	unlabelled     []bool // the node starts without the label and without the module (adoption)
+	skip           []bool
+	notReady       []bool
+	maxUnavailable intstr.IntOrString
+}
+
+func newRolloutWorld(s rolloutSetup, f rolloutFaults) *rolloutWorld {
+	m := rolloutModule(simNew, auto(&s.maxUnavailable))
+	w := &rolloutWorld{module: m, faults: f}
+	managed := 0
+	for i := range s.n {
+		n := &rolloutSimNode{name: fmt.Sprintf("n%d", i), label: simOld, skip: s.skip[i], ready: !s.notReady[i],
+			state: kmmv1beta1.StateLoaded, loaded: simOld, dpPod: true}
+		if s.unlabelled[i] {
+			n.label, n.state, n.loaded, n.dpPod = "", kmmv1beta1.StateAbsent, "", false
+		}
+		n.initial = rolloutSimNode0{label: n.label, loaded: n.loaded, state: n.state}
+		w.nodes = append(w.nodes, n)
+		if !n.skip {
+			managed++
+		}
+	}
+	w.budget = expectedBudget(s.maxUnavailable, managed)
+	w.log("start: %s, maxUnavailable %s = %d of %d managed nodes", w.describe(), s.maxUnavailable.String(), w.budget, managed)
+	return w
+}
+
+// expectedBudget resolves maxUnavailable the way the policy documents it (independently of budget()).
+func expectedBudget(mu intstr.IntOrString, managed int) int {
+	if mu.Type == intstr.Int {
+		return mu.IntValue()
+	}
+	var p int
+	if _, err := fmt.Sscanf(mu.StrVal, "%d%%", &p); err != nil {
+		panic(err)
+	}
+	if p > 0 {
+		return max(1, p*managed/100)
+	}
+	return 0
+}
+
+func (w *rolloutWorld) log(format string, args ...any) {
+	w.trace = append(w.trace, fmt.Sprintf(format, args...))
+}
+
+func (w *rolloutWorld) violate(format string, args ...any) {
+	w.violations = append(w.violations, fmt.Sprintf(format, args...)+"\n  trace: "+strings.Join(w.trace, "\n    "))
+}
+
+func (w *rolloutWorld) describe() string {
+	parts := make([]string, 0, len(w.nodes))
+	for _, n := range w.nodes {
+		s := fmt.Sprintf("%s[label=%q %s %q", n.name, n.label, n.state, n.loaded)
+		if n.dpPod {
+			s += " dp"
+		}
+		if !n.ready {
+			s += " NotReady"
+		}
+		if n.cordoned {
+			s += " cordoned"
+		}
+		if n.skip {
+			s += " skip"
+		}
+		parts = append(parts, s+"]")
+	}
+	return strings.Join(parts, " ")
+}
+
+// input is what the rollout controller would gather, with the fault's blind spots applied.
+func (w *rolloutWorld) input() RolloutInput {
+	m := w.module
+	if w.faults.ignoresBudget {
+		m = m.DeepCopy()
+		all := intstr.FromString("100%")
+		m.Spec.UpgradePolicy.MaxUnavailable = &all
+	}
+	in := RolloutInput{Module: m}
+	for _, n := range w.nodes {
+		rn := RolloutNode{Name: n.name, Labels: map[string]string{}, Ready: n.ready, Unschedulable: n.cordoned, LoadedVersion: n.loaded}
+		if n.state != kmmv1beta1.StateAbsent {
+			rn.State = n.state
+		}
+		if n.label != "" {
+			rn.Labels[tLabel] = n.label
+		}
+		if n.skip && !w.faults.ignoresSkip {
+			rn.Labels[tSkip] = "true"
+		}
+		if w.faults.ignoresUnavailable {
+			rn.Ready, rn.Unschedulable = true, false
+		}
+		in.Nodes = append(in.Nodes, rn)
+	}
+	return in
+}
+
+func (w *rolloutWorld) node(name string) *rolloutSimNode {
+	for _, n := range w.nodes {
+		if n.name == name {
+			return n
+		}
+	}
+	return nil
+}
+
+func (n *rolloutSimNode) done() bool {
+	return n.label == simNew && n.state == kmmv1beta1.StateLoaded && n.loaded == simNew
+}
+
+func (n *rolloutSimNode) inProgress() bool {
+	return n.label == simNew && !n.done()
+}
+
+// plan runs the planner and applies its intents (the rollout controller's patches).
+func (w *rolloutWorld) plan() {
+	intents := PlanRollout(w.input())
+	if len(intents) == 0 {
+		return
+	}
+	w.log("plan: %v", intents)
+	for _, n := range w.nodes {
+		if !n.skip && !n.done() && !n.inProgress() && (!n.ready || n.cordoned) {
+			startedBesideUnavailable++
+			break
+		}
+	}
+	for _, it := range intents {
+		n := w.node(it.Node)
+		switch {
+		case n.skip:
+			w.violate("invariant skip: the rollout moved the label of skipped node %s", n.name)
+		case !n.ready || n.cordoned:
+			w.violate("invariant unavailable: the rollout started %s while it is NotReady or cordoned", n.name)
+		case n.label == it.Version:
+			w.violate("invariant idempotence: the rollout re-set the label of %s", n.name)
+		}
+		n.label = it.Version
+	}
+	// Right after the rollout started nodes, nodes out of service for any reason must fit the budget.
+	unavailable := 0
+	for _, n := range w.nodes {
+		if !n.skip && !n.done() && (n.inProgress() || !n.ready || n.cordoned) {
+			unavailable++
+		}
+	}
+	if unavailable > w.budget {
+		w.violate("invariant maxUnavailable: after starting %v, %d nodes are unavailable (in progress, NotReady or cordoned), maxUnavailable is %d: %s",
+			intents, unavailable, w.budget, w.describe())
+	}
+}
+
+// advance moves a node one step along seed 002's path (the NMC controller, the version label
+// controller and the device plugin DaemonSet together). A NotReady or cordoned node makes no
+// progress: no worker pod is created there.
+func (w *rolloutWorld) advance(i int) {
+	n := w.nodes[i]
+	if !n.ready || n.cordoned {
+		return
+	}
+	before := fmt.Sprintf("%s %q dp=%v", n.state, n.loaded, n.dpPod)
+	switch n.state {
+	case kmmv1beta1.StateAbsent:
+		if n.label != "" {
+			n.state = kmmv1beta1.StateLoading
+		}
+	case kmmv1beta1.StateLoaded:
+		switch {
+		case n.label != n.loaded && n.label != "":
+			n.state = kmmv1beta1.StateDevicePluginDraining
+		case !n.dpPod:
+			n.dpPod = true
+		}
+	case kmmv1beta1.StateDevicePluginDraining:
+		if n.dpPod && !w.faults.unloadsBeforeDPLeaves {
+			n.dpPod = false
+		} else {
+			n.state = kmmv1beta1.StateUnloading
+		}
+	case kmmv1beta1.StateUnloading:
+		n.state, n.loaded = kmmv1beta1.StateUpgrading, ""
+	case kmmv1beta1.StateUpgrading:
+		n.state = kmmv1beta1.StateLoading
+	case kmmv1beta1.StateLoading:
+		n.state, n.loaded = kmmv1beta1.StateLoaded, n.label
+	}
+	if after := fmt.Sprintf("%s %q dp=%v", n.state, n.loaded, n.dpPod); after != before {
+		w.log("%s: %s → %s", n.name, before, after)
+	}
+}
+
+func (w *rolloutWorld) flipReady(i int) {
+	n := w.nodes[i]
+	n.ready = !n.ready
+	w.log("%s: Ready=%v", n.name, n.ready)
+}
+
+func (w *rolloutWorld) flipCordon(i int) {
+	n := w.nodes[i]
+	n.cordoned = !n.cordoned
+	w.log("%s: cordoned=%v", n.name, n.cordoned)
+}
+
+// check verifies the invariants that hold after every step.
+func (w *rolloutWorld) check() {
+	inProgress, outOfLoaded := 0, 0
+	for _, n := range w.nodes {
+		if n.skip {
+			continue
+		}
+		if n.inProgress() {
+			inProgress++
+		}
+		if n.label == simNew && n.state != kmmv1beta1.StateLoaded {
+			outOfLoaded++
+		}
+		unloading := n.state == kmmv1beta1.StateUnloading || n.state == kmmv1beta1.StateUpgrading || n.state == kmmv1beta1.StateLoading
+		if unloading && n.dpPod {
+			w.violate("invariant device plugin: %s unloads (%s) while its device plugin pod runs", n.name, n.state)
+		}
+	}
+	if inProgress > w.budget || outOfLoaded > w.budget {
+		w.violate("invariant maxUnavailable: %d nodes upgrading, %d out of Loaded, maxUnavailable is %d: %s",
+			inProgress, outOfLoaded, w.budget, w.describe())
+	}
+}
+
+// settle stops the events (every node Ready and schedulable) and runs the controllers until
+// nothing moves, then checks that the rollout converged.
+func (w *rolloutWorld) settle() {
+	for i, n := range w.nodes {
+		if !n.ready {
+			w.flipReady(i)
+		}
+		if n.cordoned {
+			w.flipCordon(i)
+		}
+	}
+	w.check()
+	for range 8*len(w.nodes) + 4 {
+		w.plan()
+		w.check()
+		for i := range w.nodes {
+			w.advance(i)
+			w.check()
+		}
+	}
+	for _, n := range w.nodes {
+		switch {
+		case n.skip && (n.label != n.initial.label || n.loaded != n.initial.loaded || n.state != n.initial.state):
+			w.violate("invariant skip: skipped node %s changed: %s", n.name, w.describe())
+		case !n.skip && (!n.done() || !n.dpPod):
+			w.violate("invariant convergence: %s did not end Loaded %s with its device plugin: %s", n.name, simNew, w.describe())
+		}
+	}
+}
+
+// rolloutSetupGen draws a world's setup.
+func rolloutSetupGen(t *rapid.T) rolloutSetup {
+	n := rapid.IntRange(2, 8).Draw(t, "nodes")
+	s := rolloutSetup{
+		n:          n,
+		unlabelled: rapid.SliceOfN(rapid.Map(rapid.Float64Range(0, 1), func(f float64) bool { return f < 0.2 }), n, n).Draw(t, "unlabelled"),
+		skip:       rapid.SliceOfN(rapid.Map(rapid.Float64Range(0, 1), func(f float64) bool { return f < 0.15 }), n, n).Draw(t, "skip"),
+		notReady:   rapid.SliceOfN(rapid.Map(rapid.Float64Range(0, 1), func(f float64) bool { return f < 0.15 }), n, n).Draw(t, "notReady"),
+	}
+	if rapid.Bool().Draw(t, "percent") {
+		s.maxUnavailable = intstr.FromString(fmt.Sprintf("%d%%", rapid.SampledFrom([]int{10, 25, 34, 50, 75, 100}).Draw(t, "pct")))
+	} else {
+		s.maxUnavailable = intstr.FromInt32(int32(rapid.IntRange(1, n).Draw(t, "maxUnavailable")))
+	}
+	return s
+}
+
+// rolloutMachine adapts the world to rapid's state-machine actions.
+type rolloutMachine struct{ w *rolloutWorld }
+
+// Plan runs the rollout controller once.
+func (m *rolloutMachine) Plan(*rapid.T) { m.w.plan() }
+
+// Advance moves one node's pair one step.
+func (m *rolloutMachine) Advance(t *rapid.T) {
+	m.w.advance(rapid.IntRange(0, len(m.w.nodes)-1).Draw(t, "node"))
+}
+
+// FlipReady makes a node NotReady or Ready again.
+func (m *rolloutMachine) FlipReady(t *rapid.T) {
+	m.w.flipReady(rapid.IntRange(0, len(m.w.nodes)-1).Draw(t, "node"))
+}
+
+// FlipCordon cordons or uncordons a node.
+func (m *rolloutMachine) FlipCordon(t *rapid.T) {
+	m.w.flipCordon(rapid.IntRange(0, len(m.w.nodes)-1).Draw(t, "node"))
+}
+
+// Check runs after every action.
+func (m *rolloutMachine) Check(t *rapid.T) {
+	m.w.check()
+	if len(m.w.violations) > 0 {
+		t.Fatalf("%s", m.w.violations[0])
+	}
+}
+
+func runRollout(f rolloutFaults) func(*rapid.T) {
+	return func(t *rapid.T) {
+		m := &rolloutMachine{w: newRolloutWorld(rolloutSetupGen(t), f)}
+		t.Repeat(rapid.StateMachineActions(m))
+		m.w.settle()
+		if len(m.w.violations) > 0 {
+			t.Fatalf("%s", m.w.violations[0])
+		}
+	}
+}
+
+// TestRolloutProperties is the rapid test: random worlds of 2–8 nodes, random interleavings of
+// planner runs, pair steps, readiness flips and cordons; invariants after every step,
+// convergence at the end.
+func TestRolloutProperties(t *testing.T) {
+	startedBesideUnavailable = 0
+	rapid.Check(t, runRollout(rolloutFaults{}))
+	if startedBesideUnavailable == 0 {
+		t.Fatal("no interleaving started a node while another was NotReady or cordoned: the test does not exercise the budget")
+	}
+	t.Logf("planner runs that started nodes beside a NotReady or cordoned one: %d", startedBesideUnavailable)
+}
+
+// runSeeded drives a world from a seeded PRNG for steps actions, then settles it.
+func runSeeded(seed uint64, steps int, f rolloutFaults) *rolloutWorld {
+	r := rand.New(rand.NewPCG(seed, 0x6b6d6d))
+	n := 2 + r.IntN(7)
+	s := rolloutSetup{n: n, unlabelled: make([]bool, n), skip: make([]bool, n), notReady: make([]bool, n)}
+	for i := range n {
+		s.unlabelled[i], s.skip[i], s.notReady[i] = r.Float64() < 0.2, r.Float64() < 0.15, r.Float64() < 0.15
+	}
+	if r.IntN(2) == 0 {
+		s.maxUnavailable = intstr.FromString(fmt.Sprintf("%d%%", []int{10, 25, 34, 50, 75, 100}[r.IntN(6)]))
+	} else {
+		s.maxUnavailable = intstr.FromInt32(int32(1 + r.IntN(n)))
+	}
+	w := newRolloutWorld(s, f)
+	for range steps {
+		switch x := r.IntN(10); {
+		case x < 3:
+			w.plan()
+		case x < 8:
+			w.advance(r.IntN(n))
+		case x < 9:
+			w.flipReady(r.IntN(n))
+		default:
+			w.flipCordon(r.IntN(n))
+		}
+		w.check()
+	}
+	w.settle()
+	return w
+}
+
+// TestRolloutSeededSimulation replays 500 seeded worlds of 80 steps each.
+func TestRolloutSeededSimulation(t *testing.T) {
+	for seed := range uint64(500) {
+		if w := runSeeded(seed, 80, rolloutFaults{}); len(w.violations) > 0 {
+			t.Fatalf("seed %d: %s", seed, w.violations[0])
+		}
+	}
+}
+
+// TestRolloutGoesNodeByNode pins one trace: four Ready nodes, maxUnavailable 1, the controllers
+// run in rounds; the nodes upgrade one at a time in name order.
+func TestRolloutGoesNodeByNode(t *testing.T) {
+	s := rolloutSetup{n: 4, unlabelled: make([]bool, 4), skip: make([]bool, 4), notReady: make([]bool, 4), maxUnavailable: intstr.FromInt32(1)}
+	w := newRolloutWorld(s, rolloutFaults{})
+	var order []string
+	for range 40 {
+		w.plan()
+		for i := range w.nodes {
+			w.advance(i)
+		}
+		w.check()
+		for _, n := range w.nodes {
+			if n.done() && !strings.Contains(strings.Join(order, ","), n.name) {
+				order = append(order, n.name)
+			}
+		}
+	}
+	if got := strings.Join(order, ","); got != "n0,n1,n2,n3" {
+		t.Fatalf("upgrade order %s, want n0,n1,n2,n3", got)
+	}
+	if len(w.violations) > 0 {
+		t.Fatal(w.violations[0])
+	}
+}
+
+// recordingTB lets a rapid run fail without failing the test, so that a test can assert that rapid
+// finds a counterexample (copied from fsm/property_test.go).
+type recordingTB struct {
+	*testing.T
+	failed bool
+	msgs   []string
+}
+
+func (r *recordingTB) Errorf(format string, args ...any) { r.fail(fmt.Sprintf(format, args...)) }
+func (r *recordingTB) Error(args ...any)                 { r.fail(fmt.Sprint(args...)) }
+func (r *recordingTB) Fatalf(format string, args ...any) { r.fail(fmt.Sprintf(format, args...)) }
+func (r *recordingTB) Fatal(args ...any)                 { r.fail(fmt.Sprint(args...)) }
+func (r *recordingTB) FailNow()                          { r.failed = true }
+func (r *recordingTB) Fail()                             { r.failed = true }
+func (r *recordingTB) Failed() bool                      { return r.failed }
+func (r *recordingTB) Logf(string, ...any)               {}
+func (r *recordingTB) Log(...any)                        {}
+
+func (r *recordingTB) fail(msg string) {
+	r.failed = true
+	r.msgs = append(r.msgs, msg)
+}
+
+var rolloutFaultCases = []struct {
+	name       string
+	fault      rolloutFaults
+	invariants []string // the failure must name one of these
+}{
+	{"the planner ignores maxUnavailable", rolloutFaults{ignoresBudget: true}, []string{"invariant maxUnavailable"}},
+	{"the planner ignores NotReady and cordoned nodes", rolloutFaults{ignoresUnavailable: true}, []string{"invariant unavailable", "invariant maxUnavailable"}},
+	// Ignoring the skip label also resolves a percentage against the skipped nodes too.
+	{"the planner ignores the skip label", rolloutFaults{ignoresSkip: true}, []string{"invariant skip", "invariant maxUnavailable"}},
+	{"a node unloads before its device plugin pod leaves", rolloutFaults{unloadsBeforeDPLeaves: true}, []string{"invariant device plugin"}},
+}
+
+// namesOneOf says whether a failure message names one of the invariants.
+func namesOneOf(msg string, invariants []string) bool {
+	for _, inv := range invariants {
+		if strings.Contains(msg, inv+":") {
+			return true
+		}
+	}
+	return false
+}
+
+// TestRolloutSeededFaultsAreCaught requires rapid to find a counterexample for each broken
+// variant, failing on the invariant the variant breaks.
+func TestRolloutSeededFaultsAreCaught(t *testing.T) {
+	setRapidFlag(t, "rapid.nofailfile", "true")
+	setRapidFlag(t, "rapid.shrinktime", "3s")
+	for _, tc := range rolloutFaultCases {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := &recordingTB{T: t}
+			rapid.Check(rec, runRollout(tc.fault))
+			if !rec.failed {
+				t.Fatalf("rapid found no counterexample for the fault %q", tc.name)
+			}
+			last := rec.msgs[len(rec.msgs)-1]
+			t.Logf("counterexample (shrunk): %s", last)
+			if !namesOneOf(last, tc.invariants) {
+				t.Fatalf("rapid failed, but not on %v:\n%s", tc.invariants, strings.Join(rec.msgs, "\n"))
+			}
+		})
+	}
+}
+
+// TestRolloutSeededSimulationCatchesFaults requires the seeded simulation to catch each fault too.
+func TestRolloutSeededSimulationCatchesFaults(t *testing.T) {
+	for _, tc := range rolloutFaultCases {
+		t.Run(tc.name, func(t *testing.T) {
+			for seed := range uint64(500) {
+				w := runSeeded(seed, 80, tc.fault)
+				if len(w.violations) == 0 {
+					continue
+				}
+				if !namesOneOf(w.violations[0], tc.invariants) {
+					t.Fatalf("seed %d failed, but not on %v: %s", seed, tc.invariants, w.violations[0])
+				}
+				return
+			}
+			t.Fatalf("no seed caught the fault %q", tc.name)
+		})
+	}
+}
+
+func setRapidFlag(t *testing.T, name, value string) {
+	t.Helper()
+	f := flag.Lookup(name)
+	if f == nil {
+		t.Fatalf("no flag %s", name)
+	}
+	old := f.Value.String()
+	if err := flag.Set(name, value); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = flag.Set(name, old) })
+}
