@@ -35,6 +35,15 @@ VM_TEST_PACKAGES := qemu-system-x86 kmod
 help: ## Show the targets.
 	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make <target>\n"} /^[a-zA-Z0-9_-]+:.*?##/ { printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2 } /^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) }' $(MAKEFILE_LIST)
 
+##@ Demo
+
+.PHONY: demo
+demo: tools packages ## Run kmm end to end on a local control plane: load, reboot, kernel upgrade, ordered upgrade, deletion.
+	@echo ">> building the worker and kubectl-kmm"
+	CGO_ENABLED=0 go build -o $(BIN)/worker ./cmd/worker
+	go build -o $(BIN)/kubectl-kmm ./cmd/kubectl-kmm
+	go run ./cmd/kmm-demo --worker $(BIN)/worker --kubectl-kmm $(BIN)/kubectl-kmm
+
 ##@ Development
 
 .PHONY: generate

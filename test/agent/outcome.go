@@ -18,6 +18,8 @@ type RunInput struct {
 	Node string
 	// NodeKernel is the node's current kernel version.
 	NodeKernel string
+	// BootID is the node's current boot ID.
+	BootID string
 	// Action is the pod's worker.LabelAction.
 	Action worker.Action
 	// Config is the worker Config parsed from the pod's worker.AnnotationConfig.
@@ -36,6 +38,9 @@ type Verdict struct {
 	Message string
 	// Stderr is a simulated modprobe standard error tail.
 	Stderr string
+	// ImageDigest, when set, is reported instead of the agent's stand-in digest (for example by an
+	// OutcomeFunc that runs the real worker).
+	ImageDigest string
 }
 
 // OutcomeFunc decides how a worker run ends. It must be pure and fast: the agent calls it with its
@@ -104,6 +109,9 @@ func buildResult(in RunInput, bootID string, v Verdict) worker.Result {
 	}
 	if mc.ContainerImage != "" && v.Reason != worker.ReasonImagePull {
 		r.ImageDigest = ImageDigest(mc.ContainerImage)
+	}
+	if v.ImageDigest != "" {
+		r.ImageDigest = v.ImageDigest
 	}
 	return r
 }

@@ -94,7 +94,7 @@ func (a *Agent) decide(st *nodeState, pod *corev1.Pod) (worker.Result, *worker.C
 	if action != worker.ActionLoad && action != worker.ActionUnload {
 		return podResult(pod, st.bootID, fmt.Sprintf("unknown action %q", action)), nil
 	}
-	in := RunInput{Node: st.name, NodeKernel: st.kernel, Action: action, Config: cfg, Pod: pod}
+	in := RunInput{Node: st.name, NodeKernel: st.kernel, BootID: st.bootID, Action: action, Config: cfg, Pod: pod}
 	v := a.outcome(in)
 	if v.Outcome != worker.OutcomeSucceeded {
 		v.Outcome = worker.OutcomeFailed
