@@ -285,11 +285,14 @@ func TestVersionCannotBeAddedOrRemoved(t *testing.T) {
 	}
 	cases := []struct {
 		name, from, to string
+		newImage       bool
 		wantMsg        string
 	}{
 		{name: "unset to set", from: "", to: "v1", wantMsg: "version cannot be added to or removed from an existing Module"},
 		{name: "set to unset", from: "v1", to: "", wantMsg: "version cannot be added to or removed from an existing Module"},
-		{name: "v1 to v2 is an upgrade", from: "v1", to: "v2"},
+		{name: "v1 to v2 is an upgrade", from: "v1", to: "v2", newImage: true},
+		{name: "v1 to v2 without a new image", from: "v1", to: "v2", wantMsg: "the version changed but no kmod image did"},
+		{name: "a new image without a new version", from: "v1", to: "v1", newImage: true, wantMsg: "a kmod image changed but the version did not"},
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -300,6 +303,9 @@ func TestVersionCannotBeAddedOrRemoved(t *testing.T) {
 			}
 			old := m.DeepCopy()
 			m.Spec.ModuleLoader.Container.Version = tc.to
+			if tc.newImage {
+				m.Spec.ModuleLoader.Container.KernelMappings[0].ContainerImage = "reg.example.com/kmod2:$KERNEL_XYZ"
+			}
 			err := k8s.Update(ctx, m)
 			if tc.wantMsg == "" {
 				if err != nil {

@@ -52,11 +52,31 @@ func (m *Module) Validate() field.ErrorList {
 func (m *Module) ValidateUpdate(old *Module) field.ErrorList {
 	errs := m.Validate()
 	oldVersion, newVersion := old.Spec.ModuleLoader.Container.Version, m.Spec.ModuleLoader.Container.Version
+	versionPath := field.NewPath("spec", "moduleLoader", "container", "version")
 	if (oldVersion == "") != (newVersion == "") {
-		errs = append(errs, field.Invalid(field.NewPath("spec", "moduleLoader", "container", "version"), newVersion,
+		errs = append(errs, field.Invalid(versionPath, newVersion,
 			"version cannot be added to or removed from an existing Module: delete and recreate the Module"))
 	}
+	// Seed 002: with ordered upgrades, the images and the version change together, atomically.
+	imagesChanged := !slices.Equal(images(old), images(m))
+	if oldVersion != "" && newVersion != "" && (oldVersion != newVersion) != imagesChanged {
+		msg := "the version changed but no kmod image did: change the images and the version in the same update"
+		if imagesChanged {
+			msg = "a kmod image changed but the version did not: with ordered upgrades, change the images and the version together"
+		}
+		errs = append(errs, field.Invalid(versionPath, newVersion, msg))
+	}
 	return errs
+}
+
+// images lists the kmod image references of a Module (the default, then each mapping's).
+func images(m *Module) []string {
+	c := &m.Spec.ModuleLoader.Container
+	out := []string{c.ContainerImage}
+	for _, km := range c.KernelMappings {
+		out = append(out, km.ContainerImage)
+	}
+	return out
 }
 
 func (m *Module) validateUnsupported(spec *field.Path) field.ErrorList {
@@ -210,17 +230,18 @@ func validateUpgradePolicy(p *field.Path, up *UpgradePolicy) field.ErrorList {
 	return errs
 }
 
-// validateIntOrPercent accepts a non-negative integer or a percentage from 0% to 100%.
+// validateIntOrPercent accepts a positive integer or a percentage from 1% to 100%: 0 would let no
+// node upgrade at all.
 func validateIntOrPercent(s string) error {
 	if pct, ok := strings.CutSuffix(s, "%"); ok {
 		n, err := strconv.Atoi(pct)
-		if err != nil || n < 0 || n > 100 {
-			return fmt.Errorf("must be a whole percentage from 0%% to 100%%")
+		if err != nil || n < 1 || n > 100 {
+			return fmt.Errorf("must be a whole percentage from 1%% to 100%% (0 would never upgrade a node)")
 		}
 		return nil
 	}
-	if n, err := strconv.Atoi(s); err != nil || n < 0 {
-		return fmt.Errorf("must be a non-negative integer or a percentage such as 25%%")
+	if n, err := strconv.Atoi(s); err != nil || n < 1 {
+		return fmt.Errorf("must be a positive integer or a percentage such as 25%% (0 would never upgrade a node)")
 	}
 	return nil
 }
