@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/fsm"
@@ -130,4 +131,85 @@ func assertEvents(t *testing.T, ns string, reasons ...string) {
 		}
 		return true, ""
 	})
+}
+
+// TestDrainTimeoutGauge: with the escalations disabled, a PodDisruptionBudget that forbids every
+// eviction holds the drain past its timeouts; kmm_node_drain_timeout rises for the node, and resets
+// once the administrator resolves it (here: removes the PDB) and the upgrade goes on.
+func TestDrainTimeoutGauge(t *testing.T) {
+	startOperator(t)
+	tb := newTestBed(t, 1, kernelA)
+	n := tb.nodes[0]
+	ctx := context.Background()
+	setNodeLabel(t, n, kmmv1beta1.ModuleVersionLabel(tb.ns, "nic"), "v1")
+	m := tb.module("nic")
+	m.Spec.ModuleLoader.Container.Version = "v1"
+	m.Spec.ModuleLoader.Container.KernelMappings[0].ContainerImage = "reg.example.com/nic:v1"
+	m.Spec.UpgradePolicy = &kmmv1beta1.UpgradePolicy{Drain: &kmmv1beta1.DrainSpec{
+		PodSelector:    &metav1.LabelSelector{MatchLabels: map[string]string{"app": "uses-nic"}},
+		TimeoutSeconds: 1, PDBForceDrainTimeoutSeconds: 2, DisableDrainStrategies: true,
+	}}
+	tb.create(m)
+	tb.waitLoaded("nic", "reg.example.com/nic:v1", n)
+	labels := map[string]string{"app": "uses-nic"}
+	tb.create(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: tb.ns, Name: "db", Labels: labels},
+		Spec: corev1.PodSpec{NodeName: n, Containers: []corev1.Container{{Name: "db", Image: "reg.example.com/db:1"}}}})
+	minAvailable := intstr.FromInt32(1)
+	pdb := &policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Namespace: tb.ns, Name: "db"},
+		Spec: policyv1.PodDisruptionBudgetSpec{MinAvailable: &minAvailable, Selector: &metav1.LabelSelector{MatchLabels: labels}}}
+	tb.create(pdb)
+	eventually(t, 20*time.Second, func() (bool, string) {
+		got := &policyv1.PodDisruptionBudget{}
+		_ = k8s.Get(ctx, client.ObjectKeyFromObject(pdb), got)
+		return got.Status.CurrentHealthy == 1 && got.Status.DisruptionsAllowed == 0, fmt.Sprintf("PDB status %+v", got.Status)
+	})
+
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		got := &kmmv1beta1.Module{}
+		if err := k8s.Get(ctx, client.ObjectKeyFromObject(m), got); err != nil {
+			return err
+		}
+		got.Spec.ModuleLoader.Container.Version = "v2"
+		got.Spec.ModuleLoader.Container.KernelMappings[0].ContainerImage = "reg.example.com/nic:v2"
+		return k8s.Update(ctx, got)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	setNodeLabel(t, n, kmmv1beta1.ModuleVersionLabel(tb.ns, "nic"), "v2")
+	eventually(t, 20*time.Second, func() (bool, string) {
+		return gauge(t, "kmm_node_drain_timeout", n) == 1, "kmm_node_drain_timeout of " + n + " to rise"
+	})
+	if st := pairStatus(n, tb.ns, "nic"); st.State != fsm.DevicePluginDraining {
+		t.Fatalf("the pair is %s while its drain is blocked", describe(st))
+	}
+	if err := k8s.Delete(ctx, pdb); err != nil {
+		t.Fatal(err)
+	}
+	tb.waitLoaded("nic", "reg.example.com/nic:v2", n)
+	eventually(t, 10*time.Second, func() (bool, string) {
+		return gauge(t, "kmm_node_drain_timeout", n) == 0, "kmm_node_drain_timeout of " + n + " to reset"
+	})
+}
+
+// gauge reads a gauge of the operator's registry for a node (-1 when absent).
+func gauge(t *testing.T, name, node string) float64 {
+	t.Helper()
+	families, err := metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "node" && l.GetValue() == node {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	return -1
 }
