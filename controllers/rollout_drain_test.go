@@ -1,0 +1,115 @@
+package controllers_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+)
+
+// TestRolloutAutomaticWithDrain is the automatic rollout (maxUnavailable 1) over four nodes that
+// run a Deployment under a PDB (minAvailable = replicas−1), a pod held by a finalizer and a pod in
+// an ignored namespace: one node at a time is cordoned and drained (evictions honour the PDB), the
+// finalizer is stripped, the ignored pod stays, and every node ends Loaded v2 and uncordoned.
+func TestRolloutAutomaticWithDrain(t *testing.T) {
+	startOperator(t)
+	tb := newTestBed(t, 4, kernelA)
+	ctx := context.Background()
+	for _, n := range tb.nodes {
+		setNodeLabel(t, n, kmmv1beta1.ModuleVersionLabel(tb.ns, "nic"), "v1")
+	}
+	one := intstr.FromInt32(1)
+	m := tb.module("nic")
+	m.Spec.ModuleLoader.Container.Version = "v1"
+	m.Spec.ModuleLoader.Container.KernelMappings[0].ContainerImage = "reg.example.com/nic:v1"
+	m.Spec.UpgradePolicy = &kmmv1beta1.UpgradePolicy{Automatic: true, MaxUnavailable: &one, Drain: &kmmv1beta1.DrainSpec{
+		PodSelector:    &metav1.LabelSelector{MatchLabels: map[string]string{"app": "uses-nic"}},
+		TimeoutSeconds: 2, PDBForceDrainTimeoutSeconds: 30, IgnoredNamespacePatterns: []string{"^ignored-"},
+	}}
+	tb.create(m)
+	tb.waitLoaded("nic", "reg.example.com/nic:v1", tb.nodes...)
+	ignoredNS := "ignored-" + tb.ns
+	tb.create(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ignoredNS}})
+	spreadWorkloads(t, tb, ignoredNS)
+	watcher := watchOutOfLoaded(t, tb.ns, "nic", tb.nodes)
+
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		got := &kmmv1beta1.Module{}
+		if err := k8s.Get(ctx, client.ObjectKeyFromObject(m), got); err != nil {
+			return err
+		}
+		got.Spec.ModuleLoader.Container.Version = "v2"
+		got.Spec.ModuleLoader.Container.KernelMappings[0].ContainerImage = "reg.example.com/nic:v2"
+		return k8s.Update(ctx, got)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range tb.nodes {
+		tb.waitLoaded("nic", "reg.example.com/nic:v2", n)
+	}
+	eventually(t, 20*time.Second, func() (bool, string) {
+		for _, n := range tb.nodes {
+			if getNode(t, n).Spec.Unschedulable {
+				return false, n + " is still cordoned"
+			}
+		}
+		return true, ""
+	})
+	if maxOut, _, left := watcher.result(); maxOut > 1 || left != len(tb.nodes) {
+		t.Fatalf("at most %d nodes out of Loaded at once (want 1), %d nodes seen upgrading (want %d)", maxOut, left, len(tb.nodes))
+	}
+	if err := k8s.Get(ctx, client.ObjectKey{Namespace: tb.ns, Name: "stuck"}, &corev1.Pod{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the pod held by a finalizer is still there (%v)", err)
+	}
+	kept := &corev1.Pod{}
+	if err := k8s.Get(ctx, client.ObjectKey{Namespace: ignoredNS, Name: "bystander"}, kept); err != nil || kept.DeletionTimestamp != nil {
+		t.Errorf("the pod in the ignored namespace was touched: %v", err)
+	}
+	assertEvents(t, tb.ns, "DrainStrippedFinalizers")
+}
+
+// spreadWorkloads runs one web replica per node under a PDB of replicas−1, the stuck pod on the
+// first node and the bystander on the second.
+func spreadWorkloads(t *testing.T, tb *testBed, ignoredNS string) {
+	t.Helper()
+	labels := map[string]string{"app": "uses-nic"}
+	replicas := int32(len(tb.nodes))
+	tb.create(&appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: tb.ns, Name: "web"}, Spec: appsv1.DeploymentSpec{
+		Replicas: ptr.To(replicas),
+		Selector: &metav1.LabelSelector{MatchLabels: labels},
+		Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: corev1.PodSpec{
+			NodeSelector: map[string]string{tb.label: "yes"},
+			TopologySpreadConstraints: []corev1.TopologySpreadConstraint{{MaxSkew: 1, TopologyKey: corev1.LabelHostname,
+				WhenUnsatisfiable: corev1.ScheduleAnyway, LabelSelector: &metav1.LabelSelector{MatchLabels: labels}}},
+			Containers: []corev1.Container{{Name: "web", Image: "reg.example.com/web:1"}},
+		}},
+	}})
+	minAvailable := intstr.FromInt32(replicas - 1)
+	tb.create(&policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Namespace: tb.ns, Name: "web"},
+		Spec: policyv1.PodDisruptionBudgetSpec{MinAvailable: &minAvailable, Selector: &metav1.LabelSelector{MatchLabels: labels}}})
+	for i, p := range []*corev1.Pod{
+		{ObjectMeta: metav1.ObjectMeta{Namespace: tb.ns, Name: "stuck", Labels: labels, Finalizers: []string{"kmm.test/hold"}}},
+		{ObjectMeta: metav1.ObjectMeta{Namespace: ignoredNS, Name: "bystander", Labels: labels}},
+	} {
+		p.Spec = corev1.PodSpec{NodeName: tb.nodes[i], Containers: []corev1.Container{{Name: "c", Image: "reg.example.com/app:1"}}}
+		tb.create(p)
+	}
+	eventually(t, 30*time.Second, func() (bool, string) {
+		got := &policyv1.PodDisruptionBudget{}
+		_ = k8s.Get(context.Background(), client.ObjectKey{Namespace: tb.ns, Name: "web"}, got)
+		return got.Status.CurrentHealthy >= replicas, fmt.Sprintf("PDB status %+v", got.Status)
+	})
+}
