@@ -23,7 +23,7 @@ func TestAssetsDirDefaultsToTheRepositoryBin(t *testing.T) {
 	if err := os.MkdirAll(bin, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, b := range []string{"etcd", "kube-apiserver"} {
+	for _, b := range []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
 		if err := os.WriteFile(filepath.Join(bin, b), nil, 0o755); err != nil {
 			t.Fatal(err)
 		}
