@@ -13,7 +13,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -48,18 +47,7 @@ func TestUpgradeDrain(t *testing.T) {
 	tb.create(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ignoredNS}})
 	workloads(t, tb, n, ignoredNS)
 
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		got := &kmmv1beta1.Module{}
-		if err := k8s.Get(ctx, client.ObjectKeyFromObject(m), got); err != nil {
-			return err
-		}
-		got.Spec.ModuleLoader.Container.Version = "v2"
-		got.Spec.ModuleLoader.Container.KernelMappings[0].ContainerImage = "reg.example.com/nic:v2"
-		return k8s.Update(ctx, got)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	bumpVersion(t, m, "v2", "reg.example.com/nic:v2")
 	setNodeLabel(t, n, kmmv1beta1.ModuleVersionLabel(tb.ns, "nic"), "v2")
 	eventually(t, 20*time.Second, func() (bool, string) {
 		st := pairStatus(n, tb.ns, "nic")
@@ -164,18 +152,7 @@ func TestDrainTimeoutGauge(t *testing.T) {
 		return got.Status.CurrentHealthy == 1 && got.Status.DisruptionsAllowed == 0, fmt.Sprintf("PDB status %+v", got.Status)
 	})
 
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		got := &kmmv1beta1.Module{}
-		if err := k8s.Get(ctx, client.ObjectKeyFromObject(m), got); err != nil {
-			return err
-		}
-		got.Spec.ModuleLoader.Container.Version = "v2"
-		got.Spec.ModuleLoader.Container.KernelMappings[0].ContainerImage = "reg.example.com/nic:v2"
-		return k8s.Update(ctx, got)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	bumpVersion(t, m, "v2", "reg.example.com/nic:v2")
 	setNodeLabel(t, n, kmmv1beta1.ModuleVersionLabel(tb.ns, "nic"), "v2")
 	eventually(t, 20*time.Second, func() (bool, string) {
 		return gauge(t, "kmm_node_drain_timeout", n) == 1, "kmm_node_drain_timeout of " + n + " to rise"

@@ -12,7 +12,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -45,18 +44,7 @@ func TestRolloutAutomaticWithDrain(t *testing.T) {
 	spreadWorkloads(t, tb, ignoredNS)
 	watcher := watchOutOfLoaded(t, tb.ns, "nic", tb.nodes)
 
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		got := &kmmv1beta1.Module{}
-		if err := k8s.Get(ctx, client.ObjectKeyFromObject(m), got); err != nil {
-			return err
-		}
-		got.Spec.ModuleLoader.Container.Version = "v2"
-		got.Spec.ModuleLoader.Container.KernelMappings[0].ContainerImage = "reg.example.com/nic:v2"
-		return k8s.Update(ctx, got)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	bumpVersion(t, m, "v2", "reg.example.com/nic:v2")
 	for _, n := range tb.nodes {
 		tb.waitLoaded("nic", "reg.example.com/nic:v2", n)
 	}

@@ -9,7 +9,6 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
@@ -44,18 +43,7 @@ func TestRolloutAutomatic(t *testing.T) {
 
 	watcher := watchOutOfLoaded(t, tb.ns, "nic", tb.nodes)
 	start := time.Now()
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		got := &kmmv1beta1.Module{}
-		if err := k8s.Get(context.Background(), client.ObjectKeyFromObject(m), got); err != nil {
-			return err
-		}
-		got.Spec.ModuleLoader.Container.Version = "v2"
-		got.Spec.ModuleLoader.Container.KernelMappings[0].ContainerImage = "reg.example.com/nic:v2"
-		return k8s.Update(context.Background(), got)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	bumpVersion(t, m, "v2", "reg.example.com/nic:v2")
 
 	eventually(t, 60*time.Second, func() (bool, string) {
 		for _, n := range tb.nodes {

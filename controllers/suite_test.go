@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
@@ -311,4 +312,21 @@ func workerPodsOn(t *testing.T, nodeName string) []corev1.Pod {
 		t.Fatal(err)
 	}
 	return pods.Items
+}
+
+// bumpVersion moves a Module to version with the first mapping's image, in one update (seed 002).
+func bumpVersion(t *testing.T, m *kmmv1beta1.Module, version, image string) {
+	t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		got := &kmmv1beta1.Module{}
+		if err := k8s.Get(context.Background(), client.ObjectKeyFromObject(m), got); err != nil {
+			return err
+		}
+		got.Spec.ModuleLoader.Container.Version = version
+		got.Spec.ModuleLoader.Container.KernelMappings[0].ContainerImage = image
+		return k8s.Update(context.Background(), got)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }

@@ -42,18 +42,7 @@ func TestOrderedUpgrade(t *testing.T) {
 	waitDevicePlugins(t, tb.ns, "v1", tb.nodes...)
 	tb.waitVersionReady("v1", tb.nodes...)
 
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		got := &kmmv1beta1.Module{}
-		if err := k8s.Get(context.Background(), client.ObjectKeyFromObject(m), got); err != nil {
-			return err
-		}
-		got.Spec.ModuleLoader.Container.Version = "v2"
-		got.Spec.ModuleLoader.Container.KernelMappings[0].ContainerImage = "reg.example.com/nic:v2"
-		return k8s.Update(context.Background(), got)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	bumpVersion(t, m, "v2", "reg.example.com/nic:v2")
 
 	// Node 0, manual: remove the label (unload), then set v2.
 	setNodeLabel(t, tb.nodes[0], label, "")

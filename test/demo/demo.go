@@ -120,7 +120,7 @@ func (d *demo) setUp(ctx context.Context) (func(), error) {
 	}
 	undo = append(undo, func() { _ = os.RemoveAll(dir) })
 	d.sandboxes = filepath.Join(dir, "nodes")
-	if d.kubeconfig, err = writeKubeconfig(env, dir); err != nil {
+	if d.kubeconfig, err = env.WriteKubeconfig(dir); err != nil {
 		return cleanup, err
 	}
 	reg := httptest.NewServer(registry.New(registry.Logger(nopLogger())))

@@ -11,11 +11,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
-
 	"github.com/kmm-project/kmm/test/agent"
-	"github.com/kmm-project/kmm/test/envtest"
 	"github.com/kmm-project/kmm/worker"
 )
 
@@ -71,18 +67,6 @@ func (d *demo) runWorker(in agent.RunInput) agent.Verdict {
 		return agent.Failed(worker.ReasonOther, err.Error())
 	}
 	return agent.Verdict{Outcome: res.Outcome, Reason: res.Reason, Message: res.Message, Stderr: res.Stderr, ImageDigest: res.ImageDigest}
-}
-
-// writeKubeconfig writes a kubeconfig for the environment's API server into dir.
-func writeKubeconfig(env *envtest.Env, dir string) (string, error) {
-	cfg := env.Config
-	kc := clientcmdapi.NewConfig()
-	kc.Clusters["kmm-demo"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
-	kc.AuthInfos["admin"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData, Token: cfg.BearerToken}
-	kc.Contexts["kmm-demo"] = &clientcmdapi.Context{Cluster: "kmm-demo", AuthInfo: "admin"}
-	kc.CurrentContext = "kmm-demo"
-	path := filepath.Join(dir, "kubeconfig")
-	return path, clientcmd.WriteToFile(*kc, path)
 }
 
 // kubectlKMM runs the plugin against the demo cluster and returns its output.

@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 )
 
@@ -93,4 +95,17 @@ func RepoRoot() (string, error) {
 		}
 		dir = parent
 	}
+}
+
+// WriteKubeconfig writes a kubeconfig for the environment's API server (as its administrator) to
+// dir/kubeconfig and returns its path, for binaries and plugins run against the environment.
+func (e *Env) WriteKubeconfig(dir string) (string, error) {
+	cfg := e.Config
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["envtest"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
+	kc.AuthInfos["admin"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData, Token: cfg.BearerToken}
+	kc.Contexts["envtest"] = &clientcmdapi.Context{Cluster: "envtest", AuthInfo: "admin"}
+	kc.CurrentContext = "envtest"
+	path := filepath.Join(dir, "kubeconfig")
+	return path, clientcmd.WriteToFile(*kc, path)
 }
