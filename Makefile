@@ -90,7 +90,19 @@ fuzz: ## Run every fuzz target for FUZZ_TIME each.
 
 .PHONY: bench
 bench: ## Run the Go benchmarks (benchstat-friendly: BENCH_COUNT runs each).
-	go test -run '^$$' -bench . -benchmem -count $${BENCH_COUNT:-6} ./fsm/ ./worker/
+	go test -run '^$$' -bench . -benchmem -count $${BENCH_COUNT:-6} ./fsm/ ./worker/ ./controllers/
+
+# Size of `make bench-scale`: simulated nodes and Modules.
+NODES ?= 1000
+MODULES ?= 3
+# Extra flags for bench-scale's harness (e.g. --profile-seconds 30, --operator-args "--nmc-concurrency 32").
+SCALE_FLAGS ?=
+
+.PHONY: bench-scale
+bench-scale: tools ## Scale harness (test/scale): NODES simulated nodes x MODULES Modules; writes bin/scale/result-NODESxMODULES.json.
+	CGO_ENABLED=0 go build -o $(BIN)/manager ./cmd/manager
+	go build -o $(BIN)/kmm-scale ./cmd/kmm-scale
+	$(BIN)/kmm-scale --nodes $(NODES) --modules $(MODULES) --manager $(BIN)/manager --out $(BIN)/scale $(SCALE_FLAGS)
 
 .PHONY: verify
 verify: generate manifests diagrams fmt ## Regenerate everything and fail if the tree changed; then vet and lint.

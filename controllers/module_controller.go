@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
+	"time"
 
 	"github.com/go-logr/logr"
 	appsv1 "k8s.io/api/apps/v1"
@@ -14,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -21,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/fsm"
@@ -50,8 +54,40 @@ func (r *ModuleReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		For(&kmmv1beta1.Module{}).
 		Owns(&appsv1.DaemonSet{}).
 		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.modulesForNode), builder.WithPredicates(nodeLabelsOrKernelChanged())).
-		Watches(&kmmv1beta1.NodeModulesConfig{}, handler.EnqueueRequestsFromMapFunc(modulesInNMC)).
+		Watches(&kmmv1beta1.NodeModulesConfig{}, nmcEvents()).
 		Complete(r)
+}
+
+// ModuleStatusDelay is how long NMC changes gather before their Modules are reconciled again: a
+// Module's status counts every node, so one reconcile per NMC change (thousands while a Module
+// rolls out) would recompute it, and often write it, thousands of times. Module and Node changes
+// are not delayed.
+const ModuleStatusDelay = time.Second
+
+// nmcEvents enqueues the Modules an NMC names (before and after the change) ModuleStatusDelay
+// later; the queue merges the requests for a Module that wait.
+func nmcEvents() handler.Funcs {
+	add := func(q workqueue.TypedRateLimitingInterface[reconcile.Request], objs ...client.Object) {
+		for _, o := range objs {
+			for _, req := range modulesInNMC(context.Background(), o) {
+				q.AddAfter(req, ModuleStatusDelay)
+			}
+		}
+	}
+	return handler.Funcs{
+		CreateFunc: func(_ context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			add(q, e.Object)
+		},
+		UpdateFunc: func(_ context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			add(q, e.ObjectOld, e.ObjectNew)
+		},
+		DeleteFunc: func(_ context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			add(q, e.Object)
+		},
+		GenericFunc: func(_ context.Context, e event.GenericEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			add(q, e.Object)
+		},
+	}
 }
 
 // nodeLabelsOrKernelChanged drops Node updates that change neither labels nor the kernel.
@@ -132,13 +168,14 @@ type moduleScope struct {
 
 func (r *ModuleReconciler) gather(ctx context.Context, m *kmmv1beta1.Module) (*moduleScope, error) {
 	s := &moduleScope{module: m, nmcs: map[string]*kmmv1beta1.NodeModulesConfig{}, decisions: map[string]fsm.SpecDecision{}}
+	// Nodes and NMCs are only read: the cache's own objects, not a copy of every one per reconcile.
 	nodes := &corev1.NodeList{}
-	if err := r.Client.List(ctx, nodes); err != nil {
+	if err := r.Client.List(ctx, nodes, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, err
 	}
 	s.nodes = nodes.Items
 	nmcs := &kmmv1beta1.NodeModulesConfigList{}
-	if err := r.Client.List(ctx, nmcs); err != nil {
+	if err := r.Client.List(ctx, nmcs, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, err
 	}
 	for i := range nmcs.Items {
@@ -156,9 +193,13 @@ func nodeView(n *corev1.Node) fsm.NodeView {
 	return fsm.NodeView{Name: n.Name, Labels: n.Labels, KernelVersion: n.Status.NodeInfo.KernelVersion}
 }
 
+// SpecWriters is how many NMC entries one Module reconcile applies at once: every apply is a
+// round trip, and one Module may have thousands of nodes.
+const SpecWriters = 16
+
 // syncSpecs applies the Module's entry on each node whose decision changes it.
 func (r *ModuleReconciler) syncSpecs(ctx context.Context, s *moduleScope, log logr.Logger) error {
-	var errs []error
+	var applies []func() error
 	for i := range s.nodes {
 		n := &s.nodes[i]
 		d := s.decisions[n.Name]
@@ -166,12 +207,28 @@ func (r *ModuleReconciler) syncSpecs(ctx context.Context, s *moduleScope, log lo
 		switch {
 		case d.Action == fsm.SpecUpdate && (current == nil || !equality.Semantic.DeepEqual(*current, *d.Entry)):
 			log.Info("Writing NMC spec entry", "node", n.Name, "image", d.Entry.Config.ContainerImage, "kernel", d.Entry.Config.KernelVersion)
-			errs = append(errs, r.applyEntry(ctx, n, s.module, d.Entry))
+			applies = append(applies, func() error { return r.applyEntry(ctx, n, s.module, d.Entry) })
 		case d.Action == fsm.SpecDelete && current != nil:
 			log.Info("Removing NMC spec entry", "node", n.Name, "reason", d.Reason)
-			errs = append(errs, r.applyEntry(ctx, n, s.module, nil))
+			applies = append(applies, func() error { return r.applyEntry(ctx, n, s.module, nil) })
 		}
 	}
+	return runConcurrently(applies, SpecWriters)
+}
+
+// runConcurrently runs fns, at most n at once, and joins their errors.
+func runConcurrently(fns []func() error, n int) error {
+	errs := make([]error, len(fns))
+	sem := make(chan struct{}, n)
+	var wg sync.WaitGroup
+	for i, fn := range fns {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			errs[i] = fn()
+		})
+	}
+	wg.Wait()
 	return errors.Join(errs...)
 }
 

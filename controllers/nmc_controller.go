@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -42,8 +43,18 @@ type NMCReconciler struct {
 	Clock       clock.PassiveClock
 	WorkerImage string
 	BackOff     fsm.BackOff
-	// MaxConcurrentReconciles may be above 1: each NMC is one node, so reconciles never share state.
+	// MaxConcurrentReconciles may be above 1: each NMC is one node, so reconciles never share state
+	// (but for the pod expectations, which are per pod and locked).
 	MaxConcurrentReconciles int
+
+	expectOnce sync.Once
+	expect     *podExpectations
+}
+
+// expected returns the reconciler's pod expectations, created on first use.
+func (r *NMCReconciler) expected() *podExpectations {
+	r.expectOnce.Do(func() { r.expect = newPodExpectations() })
+	return r.expect
 }
 
 // SetupWithManager registers the controller: NMCs, their Nodes, and kmm's pods on the node.
@@ -52,11 +63,17 @@ func (r *NMCReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		return []ctrl.Request{{NamespacedName: types.NamespacedName{Name: o.GetName()}}}
 	})
 	byPodNode := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []ctrl.Request {
+		r.expected().observed(o.(*corev1.Pod))
 		if n := o.(*corev1.Pod).Spec.NodeName; n != "" {
 			return []ctrl.Request{{NamespacedName: types.NamespacedName{Name: n}}}
 		}
 		return nil
 	})
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.Pod{}, worker.PodNodeNameField, func(o client.Object) []string {
+		return []string{o.(*corev1.Pod).Spec.NodeName}
+	}); err != nil {
+		return fmt.Errorf("indexing pods by node: %w", err)
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("nmc").
 		For(&kmmv1beta1.NodeModulesConfig{}).
@@ -119,15 +136,19 @@ func (r *NMCReconciler) gather(ctx context.Context, name string) (*nodeFacts, er
 	if err := r.Client.Get(ctx, client.ObjectKey{Name: name}, f.node); err != nil {
 		return nil, err
 	}
+	// The pods and Modules are only read (the cache's own objects, not copies: this runs for every
+	// event on every node); the NMC and the Node are copies because the writes update them.
 	pods := &corev1.PodList{}
-	if err := r.Client.List(ctx, pods, client.MatchingLabels{worker.LabelManagedBy: worker.ManagedBy}); err != nil {
+	if err := r.Client.List(ctx, pods, client.MatchingLabels{worker.LabelManagedBy: worker.ManagedBy},
+		client.MatchingFields{worker.PodNodeNameField: name}, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, err
 	}
 	for i := range pods.Items {
 		collectPod(f, &pods.Items[i], name)
 	}
+	r.expected().fill(f, name, r.Clock.Now())
 	modules := &kmmv1beta1.ModuleList{}
-	if err := r.Client.List(ctx, modules); err != nil {
+	if err := r.Client.List(ctx, modules, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, err
 	}
 	for _, m := range modules.Items {
@@ -292,10 +313,13 @@ func (r *NMCReconciler) execute(ctx context.Context, f *nodeFacts, outcomes []pa
 	for _, o := range outcomes {
 		p := o.result.Plan
 		errs = append(errs, r.executeDrain(ctx, f, o.key, p))
-		if p.DeleteWorker && o.pod != nil {
+		if p.DeleteWorker && o.pod != nil && !r.expected().deleting(o.pod.UID) {
 			log.V(1).Info("Deleting finished worker pod", "module", o.key, "pod", o.pod.Name)
 			err := r.Client.Delete(ctx, o.pod, client.Preconditions{UID: &o.pod.UID})
-			errs = append(errs, ignoreGone(err))
+			if err = ignoreGone(err); err == nil {
+				r.expected().deleted(o.pod.UID, r.Clock.Now())
+			}
+			errs = append(errs, err)
 		}
 		if p.CreateWorker != nil {
 			log.Info("Creating worker pod", "module", o.key, "action", p.CreateWorker.Action, "attempt", p.CreateWorker.Attempt)
@@ -317,9 +341,13 @@ func (r *NMCReconciler) createWorker(ctx context.Context, node string, in *fsm.W
 	if err != nil {
 		return err
 	}
-	if err := r.Client.Create(ctx, pod); err != nil && !apierrors.IsAlreadyExists(err) {
+	if err := r.Client.Create(ctx, pod); err != nil {
+		if apierrors.IsAlreadyExists(err) {
+			return nil
+		}
 		return fmt.Errorf("creating worker pod %s: %w", pod.Name, err)
 	}
+	r.expected().created(pod, r.Clock.Now())
 	return nil
 }
 

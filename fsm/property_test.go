@@ -97,7 +97,9 @@ func TestSeededFaultsAreCaught(t *testing.T) {
 		{"the NMC decision ignores Ready", faults{nmcIgnoresReady: true}, "invariant 4"},
 		{"the Module→NMC decision reads node status", faults{specReadsNodeStatus: true}, "invariant 1"},
 		{"unload starts while the device plugin pod runs", faults{unloadIgnoresDevicePlugin: true}, "invariant 6"},
-		{"reboots go unnoticed", faults{ignoresReboots: true}, "invariant 7"},
+		// A missed reboot shows up as a pair that never converges, or as a later load over what the
+		// controller still believes is loaded: either is a catch.
+		{"reboots go unnoticed", faults{ignoresReboots: true}, "invariant 7|invariant 6"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -107,7 +109,7 @@ func TestSeededFaultsAreCaught(t *testing.T) {
 				t.Fatalf("rapid found no counterexample for the fault %q", tc.name)
 			}
 			t.Logf("counterexample: %s", rec.msgs)
-			if all := strings.Join(rec.msgs, "\n"); !strings.Contains(all, tc.invariant) {
+			if all := strings.Join(rec.msgs, "\n"); !containsAny(all, strings.Split(tc.invariant, "|")) {
 				t.Fatalf("rapid failed, but not on %s:\n%s", tc.invariant, all)
 			}
 		})
@@ -140,4 +142,13 @@ func FuzzLabelKeys(f *testing.F) {
 	f.Fuzz(func(t *testing.T, ns, name string) {
 		checkLabelKeys(t, ns, name)
 	})
+}
+
+func containsAny(s string, subs []string) bool {
+	for _, sub := range subs {
+		if strings.Contains(s, sub) {
+			return true
+		}
+	}
+	return false
 }

@@ -74,15 +74,18 @@ func (r *LabelReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	modules := &kmmv1beta1.ModuleList{}
-	if err := r.Client.List(ctx, modules); err != nil {
+	if err := r.Client.List(ctx, modules, client.UnsafeDisableDeepCopy); err != nil {
 		return ctrl.Result{}, err
 	}
 	nmc := &kmmv1beta1.NodeModulesConfig{}
 	if err := r.Client.Get(ctx, req.NamespacedName, nmc); client.IgnoreNotFound(err) != nil {
 		return ctrl.Result{}, err
 	}
+	// Only this node's device plugin pods, through the pod-by-node index of the manager's cache
+	// (worker.PodNodeNameField), without copies.
 	pods := &corev1.PodList{}
-	if err := r.Client.List(ctx, pods, client.MatchingLabels{worker.LabelManagedBy: worker.ManagedBy}); err != nil {
+	if err := r.Client.List(ctx, pods, client.MatchingLabels{worker.LabelDevicePlugin: "true"},
+		client.MatchingFields{worker.PodNodeNameField: node.Name}, client.UnsafeDisableDeepCopy); err != nil {
 		return ctrl.Result{}, err
 	}
 	patch := map[string]any{}

@@ -30,3 +30,7 @@ const (
 	// ConfigFile is where the worker container finds its config.
 	ConfigFile = "/etc/kmm/config.json"
 )
+
+// PodNodeNameField is the cache index of kmm's pods by the node they are bound to: the NMC
+// controller registers it, the version label controller of the same manager uses it too.
+const PodNodeNameField = "spec.nodeName"

@@ -43,8 +43,10 @@ const LeaderElectionID = "kmm-operator.kmm.sigs.x-k8s.io"
 
 // Options are the operator's settings, one flag each.
 type Options struct {
-	MetricsAddr          string
-	ProbeAddr            string
+	MetricsAddr string
+	ProbeAddr   string
+	// PprofAddr serves net/http/pprof (profiling); empty or "0" disables it.
+	PprofAddr            string
 	LeaderElect          bool
 	LeaderElectNamespace string
 	QPS                  float64
@@ -69,13 +71,16 @@ type Options struct {
 // DefaultOptions are the settings the flags start from.
 func DefaultOptions() Options {
 	return Options{
-		MetricsAddr:    ":8080",
-		ProbeAddr:      ":8081",
-		QPS:            50,
-		Burst:          100,
+		MetricsAddr: ":8080",
+		ProbeAddr:   ":8081",
+		// Sized by the scale harness (docs/performance.md): 1,000 nodes x 3 Modules need a few
+		// hundred writes per second while they load; the API server's priority and fairness
+		// still protects it from a runaway operator.
+		QPS:            500,
+		Burst:          1000,
 		WebhookPort:    9443,
 		WorkerImage:    "kmm-worker:dev",
-		NMCConcurrency: 8,
+		NMCConcurrency: 16,
 		BackOff:        fsm.DefaultBackOff,
 	}
 }
@@ -84,6 +89,7 @@ func DefaultOptions() Options {
 func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.MetricsAddr, "metrics-bind-address", o.MetricsAddr, "Address of the Prometheus metrics endpoint; 0 disables it.")
 	fs.StringVar(&o.ProbeAddr, "health-probe-bind-address", o.ProbeAddr, "Address of the /healthz and /readyz endpoints; 0 disables them.")
+	fs.StringVar(&o.PprofAddr, "pprof-bind-address", o.PprofAddr, "Address of the net/http/pprof endpoints (/debug/pprof/); empty or 0 disables them.")
 	fs.BoolVar(&o.LeaderElect, "leader-elect", o.LeaderElect, "Elect a leader so that only one replica reconciles.")
 	fs.StringVar(&o.LeaderElectNamespace, "leader-elect-namespace", o.LeaderElectNamespace, "Namespace of the leader election Lease (default: the pod's namespace).")
 	fs.Float64Var(&o.QPS, "kube-api-qps", o.QPS, "Sustained requests per second to the API server.")
@@ -135,6 +141,7 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 		Scheme:                  NewScheme(),
 		Metrics:                 metricsserver.Options{BindAddress: o.MetricsAddr},
 		HealthProbeBindAddress:  o.ProbeAddr,
+		PprofBindAddress:        o.PprofAddr,
 		LeaderElection:          o.LeaderElect,
 		LeaderElectionID:        LeaderElectionID,
 		LeaderElectionNamespace: o.LeaderElectNamespace,

@@ -46,6 +46,12 @@ type Options struct {
 	Clock clock.WithTicker
 	// Log receives the errors the agent retries; the zero Logger discards them.
 	Log logr.Logger
+	// Workers is how many worker pods the agent ends at once (scale tests with thousands of pods).
+	// Zero or one ends them one at a time with the agent's lock held throughout, which orders every
+	// run against Reboot, SetKernel and SetReady. Above one, the API writes of a run happen without
+	// the lock: a reboot may then race with a run that already decided (the run's write loses if the
+	// reboot failed the pod first). Outcome and Hold are still called with the lock held.
+	Workers int
 }
 
 // Run records one worker pod the agent ended, successfully or not.
@@ -220,27 +226,35 @@ func (a *Agent) poke() {
 // syncAll looks at every worker pod and managed node once. Errors are logged and retried on the
 // next pass: every step is idempotent and re-reads the object before writing it.
 func (a *Agent) syncAll(ctx context.Context, c cache.Cache) {
+	// The cached objects are read, never changed: every write re-reads the object first.
 	var pods corev1.PodList
-	if err := c.List(ctx, &pods); err != nil {
+	if err := c.List(ctx, &pods, client.UnsafeDisableDeepCopy); err != nil {
 		a.log.Error(err, "Listing pods")
 		return
 	}
 	present := make(map[types.UID]bool, len(pods.Items))
+	var parallel []*corev1.Pod
+	selector := workerSelector()
 	for i := range pods.Items {
 		pod := &pods.Items[i]
 		present[pod.UID] = true
 		sync := a.syncPod
-		if !workerSelector().Matches(labels.Set(pod.Labels)) {
+		switch {
+		case !selector.Matches(labels.Set(pod.Labels)):
 			sync = a.syncOtherPod
+		case a.opts.Workers > 1:
+			parallel = append(parallel, pod)
+			continue
 		}
 		if err := sync(ctx, pod); err != nil && ctx.Err() == nil {
 			a.log.Error(err, "Running a worker pod", "namespace", pod.Namespace, "pod", pod.Name, "node", pod.Spec.NodeName)
 		}
 	}
+	a.syncPodsParallel(ctx, parallel)
 	a.forgetPods(present)
 
 	var nodes corev1.NodeList
-	if err := c.List(ctx, &nodes); err != nil {
+	if err := c.List(ctx, &nodes, client.UnsafeDisableDeepCopy); err != nil {
 		a.log.Error(err, "Listing nodes")
 		return
 	}

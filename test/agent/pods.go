@@ -68,9 +68,14 @@ func (a *Agent) runPod(ctx context.Context, st *nodeState, pod *corev1.Pod) erro
 		return err
 	}
 	a.finished[pod.UID] = true
-	if !wrote {
-		return nil
+	if wrote {
+		a.applyRun(st, pod, res, cfg)
 	}
+	return nil
+}
+
+// applyRun applies a run that was written to the simulated kernel and records it; a.mu is held.
+func (a *Agent) applyRun(st *nodeState, pod *corev1.Pod, res worker.Result, cfg *worker.Config) {
 	if cfg != nil && res.Outcome == worker.OutcomeSucceeded {
 		switch res.Action {
 		case worker.ActionLoad:
@@ -80,7 +85,6 @@ func (a *Agent) runPod(ctx context.Context, st *nodeState, pod *corev1.Pod) erro
 		}
 	}
 	a.record(st.name, pod, res)
-	return nil
 }
 
 // decide is the Result of running pod on st now, and the config it ran with (nil when the pod's
@@ -132,12 +136,21 @@ func (a *Agent) confirmDeletion(ctx context.Context, st *nodeState, pod *corev1.
 			return err
 		}
 	}
+	if err := a.deletePod(ctx, pod); err != nil {
+		return err
+	}
+	a.deleted[pod.UID] = true
+	return nil
+}
+
+// deletePod deletes pod with grace period 0, as a kubelet confirms a deletion; a pod already gone
+// or replaced is not an error.
+func (a *Agent) deletePod(ctx context.Context, pod *corev1.Pod) error {
 	uid := pod.UID
 	err := a.client.Delete(ctx, pod, client.GracePeriodSeconds(0), client.Preconditions{UID: &uid})
 	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 		return fmt.Errorf("deleting pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
-	a.deleted[pod.UID] = true
 	return nil
 }
 
@@ -215,20 +228,26 @@ func containerStatus(p *corev1.Pod, state corev1.ContainerState) corev1.Containe
 // containerID is the simulated container runtime's ID of p's worker container.
 func containerID(p *corev1.Pod) string { return "kmm-test-agent://" + string(p.UID) }
 
-// updatePodStatus re-reads pod, lets mutate change it (false: nothing to write) and writes its
+// updatePodStatus lets mutate change pod (re-read after a conflict) (false: nothing to write) and writes its
 // status, retrying on conflicts. It reports whether it wrote; a deleted or replaced pod is not an error.
 func (a *Agent) updatePodStatus(ctx context.Context, pod *corev1.Pod, mutate func(*corev1.Pod) bool) (bool, error) {
-	wrote := false
+	wrote, fresh := false, false
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		wrote = false
-		var p corev1.Pod
-		if err := a.client.Get(ctx, types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}, &p); err != nil {
-			return err
+		// The first attempt writes over the cached pod (a stale one fails with a conflict); the
+		// retries re-read it.
+		p := pod.DeepCopy()
+		if fresh {
+			p = &corev1.Pod{}
+			if err := a.client.Get(ctx, types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}, p); err != nil {
+				return err
+			}
 		}
-		if p.UID != pod.UID || !mutate(&p) {
+		fresh = true
+		if p.UID != pod.UID || !mutate(p) {
 			return nil
 		}
-		if err := a.client.Status().Update(ctx, &p); err != nil {
+		if err := a.client.Status().Update(ctx, p); err != nil {
 			return err
 		}
 		wrote = true

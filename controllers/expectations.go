@@ -1,0 +1,97 @@
+package controllers
+
+import (
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/kmm-project/kmm/worker"
+)
+
+// expectationTTL bounds how long the NMC controller trusts its own pod writes over a cache that
+// does not show them yet.
+const expectationTTL = 30 * time.Second
+
+// podExpectations remember the worker pods the NMC controller created or deleted until its cache
+// shows it. Without them a reconcile that runs before the cache caught up (the NMC status write
+// comes back before the pod's creation does) decides on the old pods: it creates the pod again
+// (a refused POST, and a status write that comes with every planned creation) or deletes a
+// finished pod twice.
+type podExpectations struct {
+	mu       sync.Mutex
+	creates  map[string]map[string]expectedPod // by node, then pod name (one worker pod per pair)
+	deletes  map[types.UID]time.Time
+	lastPrun time.Time
+}
+
+type expectedPod struct {
+	pod *corev1.Pod
+	at  time.Time
+}
+
+func newPodExpectations() *podExpectations {
+	return &podExpectations{creates: map[string]map[string]expectedPod{}, deletes: map[types.UID]time.Time{}}
+}
+
+// created records a pod the API server accepted.
+func (e *podExpectations) created(pod *corev1.Pod, now time.Time) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.creates[pod.Spec.NodeName] == nil {
+		e.creates[pod.Spec.NodeName] = map[string]expectedPod{}
+	}
+	e.creates[pod.Spec.NodeName][pod.Name] = expectedPod{pod: pod, at: now}
+}
+
+// observed forgets the creation of a pod the cache now shows.
+func (e *podExpectations) observed(pod *corev1.Pod) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if x, ok := e.creates[pod.Spec.NodeName][pod.Name]; ok && x.pod.UID == pod.UID {
+		delete(e.creates[pod.Spec.NodeName], pod.Name)
+	}
+}
+
+// deleted records a pod whose deletion the API server accepted.
+func (e *podExpectations) deleted(uid types.UID, now time.Time) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.deletes[uid] = now
+}
+
+// deleting says whether the controller already deleted the pod of uid.
+func (e *podExpectations) deleting(uid types.UID) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	_, ok := e.deletes[uid]
+	return ok
+}
+
+// fill adds to f the worker pods the controller created on node that its cache does not show yet,
+// and forgets the expectations the cache met or that expired.
+func (e *podExpectations) fill(f *nodeFacts, node string, now time.Time) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for name, x := range e.creates[node] {
+		key := x.pod.Labels[worker.LabelModuleNamespace] + "/" + x.pod.Labels[worker.LabelModuleName]
+		switch p := f.workers[key]; {
+		case now.Sub(x.at) > expectationTTL || p != nil && p.Name == name:
+			delete(e.creates[node], name)
+		case p == nil:
+			f.workers[key] = x.pod
+		}
+	}
+	if len(e.creates[node]) == 0 {
+		delete(e.creates, node)
+	}
+	if now.Sub(e.lastPrun) > expectationTTL {
+		e.lastPrun = now
+		for uid, at := range e.deletes {
+			if now.Sub(at) > expectationTTL {
+				delete(e.deletes, uid)
+			}
+		}
+	}
+}

@@ -1,0 +1,152 @@
+package scale
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+// operator is the kmm manager binary running as a separate process.
+type operator struct {
+	cmd     *exec.Cmd
+	exited  chan error
+	metrics string // http://host:port/metrics
+	pprof   string // http://host:port
+	log     *os.File
+}
+
+// startOperator runs the manager binary against kubeconfig, with the webhook served where envtest
+// registered it, and waits until it is ready (its webhook serves).
+func (h *harness) startOperator(ctx context.Context, name string) (*operator, error) {
+	ports, err := freePorts(3)
+	if err != nil {
+		return nil, err
+	}
+	metricsAddr, probeAddr, pprofAddr := hostPort(ports[0]), hostPort(ports[1]), hostPort(ports[2])
+	args := []string{"--kubeconfig", h.kubeconfig,
+		"--metrics-bind-address", metricsAddr, "--health-probe-bind-address", probeAddr, "--pprof-bind-address", pprofAddr,
+		"--webhook-host", h.env.WebhookHost, "--webhook-port", strconv.Itoa(h.env.WebhookPort), "--webhook-cert-dir", h.env.WebhookCertDir}
+	args = append(args, h.o.OperatorArgs...)
+	log, err := os.Create(filepath.Join(h.o.OutDir, fmt.Sprintf("operator-%dx%d-%s.log", h.o.Nodes, h.o.Modules, name)))
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(h.o.Manager, args...) //nolint:gosec // G204: the harness runs the operator binary it was given
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		_ = log.Close()
+		return nil, fmt.Errorf("starting the operator: %w", err)
+	}
+	op := &operator{cmd: cmd, exited: make(chan error, 1), metrics: "http://" + metricsAddr + "/metrics", pprof: "http://" + pprofAddr, log: log}
+	go func() { op.exited <- cmd.Wait() }()
+	h.operatorArgs = args
+	ready := "http://" + probeAddr + "/readyz"
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		select {
+		case err := <-op.exited:
+			return nil, fmt.Errorf("the operator exited at start (%v): see %s", err, log.Name())
+		case <-ctx.Done():
+			op.stop()
+			return nil, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+		if resp, err := http.Get(ready); err == nil { //nolint:gosec,noctx // G107: our own endpoint
+			_ = resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return op, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			op.stop()
+			return nil, fmt.Errorf("the operator was not ready within 60 s: see %s", log.Name())
+		}
+	}
+}
+
+// stop ends the operator (SIGTERM, then SIGKILL after 10 s) and waits for it.
+func (op *operator) stop() {
+	_ = op.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-op.exited:
+		_ = err // a signalled process exits with an error
+	case <-time.After(10 * time.Second):
+		_ = op.cmd.Process.Kill()
+		err := <-op.exited
+		_ = err
+	}
+	_ = op.log.Close()
+}
+
+// stats are the operator process's peak RSS (MiB) and CPU seconds so far.
+func (op *operator) stats() (float64, float64, error) {
+	return procStats(op.cmd.Process.Pid)
+}
+
+// reconciles sums controller_runtime_reconcile_total by controller.
+func (op *operator) reconciles(ctx context.Context) (map[string]int, error) {
+	samples, err := scrape(ctx, http.DefaultClient, op.metrics, "controller_runtime_reconcile_total")
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int{}
+	for _, s := range samples {
+		out[s.labels["controller"]] += int(s.value)
+	}
+	return out, nil
+}
+
+// profile saves a CPU profile of seconds to path.
+func (op *operator) profile(ctx context.Context, seconds int, path string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", op.pprof, seconds), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusOK {
+		return errors.New(resp.Status)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := f.ReadFrom(resp.Body); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+func hostPort(p int) string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(p)) }
+
+// freePorts returns n distinct free TCP ports on 127.0.0.1.
+func freePorts(n int) ([]int, error) {
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			_ = l.Close()
+		}
+	}()
+	var out []int
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		ls = append(ls, l)
+		out = append(out, l.Addr().(*net.TCPAddr).Port)
+	}
+	return out, nil
+}

@@ -1,0 +1,149 @@
+package scale
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"strings"
+	"time"
+)
+
+// ignored are resources only the API server itself writes (its identity lease, flow control
+// configuration): left out of the operator's requests.
+var ignored = []string{"leases", "flowschemas", "prioritylevelconfigurations", "apiservices", "endpoints", "endpointslices"}
+
+// snapshot is the counters at one instant.
+type snapshot struct {
+	at         time.Time
+	apiserver  Requests
+	harness    Requests
+	reconciles map[string]int
+	cpu        float64
+}
+
+func (h *harness) snapshot(ctx context.Context, op *operator) (snapshot, error) {
+	s := snapshot{at: time.Now(), reconciles: map[string]int{}}
+	samples, err := scrape(ctx, h.apiserver, strings.TrimSuffix(h.env.Config.Host, "/")+"/metrics", "apiserver_request_total")
+	if err != nil {
+		return s, fmt.Errorf("scraping the API server: %w", err)
+	}
+	s.apiserver = apiserverRequests(samples)
+	h.count.mu.Lock()
+	s.harness = maps.Clone(h.count.reqs)
+	h.count.mu.Unlock()
+	if op != nil {
+		if s.reconciles, err = op.reconciles(ctx); err != nil {
+			return s, fmt.Errorf("scraping the operator: %w", err)
+		}
+		if _, s.cpu, err = op.stats(); err != nil {
+			return s, err
+		}
+	}
+	return s, nil
+}
+
+// measure runs action (which may start the operator into *op), waits until the operator is quiet,
+// and returns what the phase cost.
+func (h *harness) measure(ctx context.Context, name string, op **operator, action func(context.Context) error) (Phase, error) {
+	p := Phase{Name: name}
+	before, err := h.snapshot(ctx, *op)
+	if err != nil {
+		return p, err
+	}
+	h.sayf("phase %s", name)
+	actx, cancel := context.WithTimeout(ctx, h.o.Timeout)
+	defer cancel()
+	if err := action(actx); err != nil {
+		return p, fmt.Errorf("phase %s: %w", name, err)
+	}
+	p.Seconds = time.Since(before.at).Seconds()
+	h.sayf("phase %s converged in %.1f s; waiting for the operator to settle", name, p.Seconds)
+	after, err := h.settle(actx, *op)
+	if err != nil {
+		return p, fmt.Errorf("phase %s: %w", name, err)
+	}
+	p.SettledSeconds = after.at.Sub(before.at).Seconds()
+	if name == "resync" {
+		p.Seconds = p.SettledSeconds
+	}
+	p.Requests = after.apiserver.minus(before.apiserver)
+	p.HarnessRequests = after.harness.minus(before.harness)
+	p.OperatorRequests = Requests{}
+	for k, v := range p.Requests.minus(p.HarnessRequests) {
+		_, res, _ := strings.Cut(k, " ")
+		if !isIgnored(res) && v > 0 {
+			p.OperatorRequests[k] = v
+		}
+	}
+	p.OperatorWrites = p.OperatorRequests.writes()
+	p.EventWrites = p.OperatorWrites - p.OperatorRequests.writes("events")
+	pairs := float64(h.o.Nodes * h.o.Modules)
+	p.WritesPerPair = float64(p.OperatorWrites) / pairs
+	p.WritesPerPairNoEvents = float64(p.OperatorWrites-p.EventWrites) / pairs
+	p.Reconciles = map[string]int{}
+	total := 0
+	for c, n := range after.reconciles {
+		p.Reconciles[c] = n - before.reconciles[c]
+		total += p.Reconciles[c]
+	}
+	p.CPUSeconds = after.cpu - before.cpu
+	if total > 0 {
+		p.CPUPerReconcileMicros = p.CPUSeconds / float64(total) * 1e6
+	}
+	if p.PeakRSSMiB, _, err = (*op).stats(); err != nil {
+		return p, err
+	}
+	h.sayf("phase %s: %.1f s, settled %.1f s, %d operator writes (%.2f per pair, %.2f without Events), %.1f CPU s, peak RSS %.0f MiB",
+		name, p.Seconds, p.SettledSeconds, p.OperatorWrites, p.WritesPerPair, p.WritesPerPairNoEvents, p.CPUSeconds, p.PeakRSSMiB)
+	return p, nil
+}
+
+func isIgnored(resource string) bool {
+	for _, r := range ignored {
+		if resource == r || strings.HasPrefix(resource, r+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// settle waits until no worker pod is left and neither the operator's writes nor its reconciles
+// moved for a second; it returns the snapshot taken when they stopped.
+func (h *harness) settle(ctx context.Context, op *operator) (snapshot, error) {
+	prev, err := h.snapshot(ctx, op)
+	if err != nil {
+		return prev, err
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return prev, fmt.Errorf("the operator did not settle: %w", ctx.Err())
+		case <-time.After(time.Second):
+		}
+		cur, err := h.snapshot(ctx, op)
+		if err != nil {
+			return cur, err
+		}
+		pods, err := h.workerPods(ctx)
+		if err != nil {
+			return cur, err
+		}
+		if pods == 0 && quiet(prev, cur) {
+			return prev, nil
+		}
+		prev = cur
+	}
+}
+
+// quiet says whether nothing but the harness and the API server's bookkeeping wrote between a
+// and b, and the operator reconciled nothing.
+func quiet(a, b snapshot) bool {
+	d := b.apiserver.minus(a.apiserver).minus(b.harness.minus(a.harness))
+	for k, v := range d {
+		_, res, _ := strings.Cut(k, " ")
+		if isWrite(k) && v > 0 && !isIgnored(res) {
+			return false
+		}
+	}
+	return maps.Equal(a.reconciles, b.reconciles)
+}

@@ -1,0 +1,100 @@
+package scale
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"sort"
+	"strings"
+	"text/tabwriter"
+)
+
+// Machine describes where a run happened.
+type Machine struct {
+	CPUs      int     `json:"cpus"`
+	CPUModel  string  `json:"cpuModel"`
+	MemoryGiB float64 `json:"memoryGiB"`
+	GoVersion string  `json:"goVersion"`
+}
+
+// DescribeMachine reads the CPU model and memory from /proc.
+func DescribeMachine() Machine {
+	m := Machine{CPUs: runtime.NumCPU(), GoVersion: runtime.Version()}
+	if data, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(data), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPUModel = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	if data, err := os.ReadFile("/proc/meminfo"); err == nil {
+		var kb float64
+		if _, err := fmt.Sscanf(string(data), "MemTotal: %f kB", &kb); err == nil {
+			m.MemoryGiB = kb / (1 << 20)
+		}
+	}
+	return m
+}
+
+// WriteJSON writes r as indented JSON to path.
+func (r *Result) WriteJSON(path string) error {
+	data, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(data, '\n'), 0o600)
+}
+
+// PrintTable prints one row per phase and the operator's requests by verb and resource.
+func (r *Result) PrintTable(w io.Writer) {
+	_, _ = fmt.Fprintf(w, "kmm scale: %d nodes x %d modules = %d pairs; %d CPUs (%s), %.0f GiB, %s\n",
+		r.Nodes, r.Modules, r.Pairs, r.Machine.CPUs, r.Machine.CPUModel, r.Machine.MemoryGiB, r.Machine.GoVersion)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	_, _ = fmt.Fprintln(tw, "phase\tseconds\tsettled s\top writes\twrites/pair\tw/o Events\treconciles\tCPU s\tµs CPU/reconcile\tpeak RSS MiB\t")
+	for _, p := range r.Phases {
+		rec := 0
+		for _, n := range p.Reconciles {
+			rec += n
+		}
+		_, _ = fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%d\t%.2f\t%.2f\t%d\t%.1f\t%.0f\t%.0f\t\n", p.Name, p.Seconds, p.SettledSeconds,
+			p.OperatorWrites, p.WritesPerPair, p.WritesPerPairNoEvents, rec, p.CPUSeconds, p.CPUPerReconcileMicros, p.PeakRSSMiB)
+	}
+	_ = tw.Flush()
+	for _, p := range r.Phases {
+		_, _ = fmt.Fprintf(w, "operator requests, %s: %s\n", p.Name, p.OperatorRequests)
+		_, _ = fmt.Fprintf(w, "harness+agent requests, %s: %s\n", p.Name, p.HarnessRequests.writesOnly())
+	}
+}
+
+// writesOnly keeps the writes.
+func (r Requests) writesOnly() Requests {
+	out := Requests{}
+	for k, v := range r {
+		if isWrite(k) {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// String lists the counts, largest first.
+func (r Requests) String() string {
+	keys := make([]string, 0, len(r))
+	for k := range r {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if r[keys[i]] != r[keys[j]] {
+			return r[keys[i]] > r[keys[j]]
+		}
+		return keys[i] < keys[j]
+	})
+	parts := make([]string, 0, len(keys))
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s=%d", k, r[k]))
+	}
+	return strings.Join(parts, ", ")
+}

@@ -1,0 +1,369 @@
+// Package scale is the scale harness of SPEC §10: a local control plane (envtest's etcd and
+// kube-apiserver), N simulated nodes whose agent (test/agent) completes worker pods as the real
+// worker reports them, M Modules without device plugins, and the operator as a separate process.
+// Run measures, phase by phase: the load (Module creation to every pair Loaded), a no-op resync
+// (the operator restarted: every object reconciled again, nothing to change) and a bump (every
+// Module's image changed: unload and load on every node). For each phase it reports the API
+// requests by verb and resource (from the API server's apiserver_request_total, minus the
+// harness's and the agent's own requests, which the harness counts on its side), the operator's
+// writes per pair, its reconciles (controller_runtime_reconcile_total), its CPU seconds and its
+// peak RSS. cmd/kmm-scale runs it; `make bench-scale` builds and runs that.
+package scale
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/internal/manager"
+	"github.com/kmm-project/kmm/test/agent"
+	"github.com/kmm-project/kmm/test/envtest"
+	"github.com/kmm-project/kmm/worker"
+)
+
+// Namespace holds the harness's Modules.
+const Namespace = "kmm-scale"
+
+// Kernel is the kernel every simulated node runs.
+const Kernel = "6.1.0-56-cloud-amd64"
+
+// Options configure a run.
+type Options struct {
+	// Nodes and Modules: N simulated nodes, M Modules selecting all of them.
+	Nodes, Modules int
+	// Manager is the operator binary (go build ./cmd/manager).
+	Manager string
+	// OperatorArgs are extra flags for the operator (e.g. --kube-api-qps).
+	OperatorArgs []string
+	// AgentWorkers is how many worker pods the agent ends at once (default 16).
+	AgentWorkers int
+	// Timeout bounds each phase (default 10 min).
+	Timeout time.Duration
+	// OutDir receives the operator logs and profiles (default: a temporary directory).
+	OutDir string
+	// ProfileSeconds, when positive, saves a CPU profile of the operator over the first
+	// ProfileSeconds of the load phase to OutDir/cpu-<N>x<M>.pprof.
+	ProfileSeconds int
+	// Log receives progress lines; nil discards them.
+	Log io.Writer
+}
+
+// Result is a run's measurements.
+type Result struct {
+	Nodes   int      `json:"nodes"`
+	Modules int      `json:"modules"`
+	Pairs   int      `json:"pairs"`
+	Machine Machine  `json:"machine"`
+	Args    []string `json:"operatorArgs"`
+	Phases  []Phase  `json:"phases"`
+}
+
+// Phase is what one phase measured.
+type Phase struct {
+	Name string `json:"name"`
+	// Seconds is the time to convergence: every pair Loaded (load, bump), or the operator quiet
+	// after its restart (resync).
+	Seconds float64 `json:"seconds"`
+	// SettledSeconds is when the operator's writes stopped (worker pods deleted, statuses written).
+	SettledSeconds float64 `json:"settledSeconds"`
+	// Requests are the API server's request counts (all clients) during the phase.
+	Requests Requests `json:"requests"`
+	// HarnessRequests are the harness's and the agent's requests, counted on their side.
+	HarnessRequests Requests `json:"harnessRequests"`
+	// OperatorRequests are Requests minus HarnessRequests minus the API server's own
+	// bookkeeping (leases, flow control).
+	OperatorRequests Requests `json:"operatorRequests"`
+	// OperatorWrites counts the operator's writes, Events included; EventWrites the Events alone.
+	OperatorWrites int `json:"operatorWrites"`
+	EventWrites    int `json:"eventWrites"`
+	// WritesPerPair is OperatorWrites / pairs; WritesPerPairNoEvents leaves the Events out.
+	WritesPerPair         float64 `json:"writesPerPair"`
+	WritesPerPairNoEvents float64 `json:"writesPerPairNoEvents"`
+	// Reconciles are the operator's reconciles by controller during the phase.
+	Reconciles map[string]int `json:"reconciles"`
+	// CPUSeconds is the operator's CPU time (user+system) during the phase; CPUPerReconcileMicros
+	// divides it by all reconciles (it includes watch decoding and cache upkeep).
+	CPUSeconds            float64 `json:"cpuSeconds"`
+	CPUPerReconcileMicros float64 `json:"cpuPerReconcileMicros"`
+	// PeakRSSMiB is the operator process's VmHWM at the end of the phase.
+	PeakRSSMiB float64 `json:"peakRSSMiB"`
+}
+
+// harness is a running environment.
+type harness struct {
+	o            Options
+	env          *envtest.Env
+	kubeconfig   string
+	k8s          client.Client
+	cache        cache.Cache
+	agent        *agent.Agent
+	apiserver    *http.Client
+	count        counter
+	operatorArgs []string
+	nodes        []string
+}
+
+// Run sets up the environment, runs the phases and tears everything down.
+func Run(ctx context.Context, o Options) (*Result, error) {
+	if o.Nodes <= 0 || o.Modules <= 0 || o.Manager == "" {
+		return nil, errors.New("scale: Nodes, Modules and Manager must be set")
+	}
+	if o.AgentWorkers == 0 {
+		o.AgentWorkers = 16
+	}
+	if o.Timeout == 0 {
+		o.Timeout = 10 * time.Minute
+	}
+	if o.Log == nil {
+		o.Log = io.Discard
+	}
+	if o.OutDir == "" {
+		dir, err := os.MkdirTemp("", "kmm-scale-")
+		if err != nil {
+			return nil, err
+		}
+		defer func() { _ = os.RemoveAll(dir) }()
+		o.OutDir = dir
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	h := &harness{o: o, count: counter{mu: &sync.Mutex{}, reqs: Requests{}}}
+	cleanup, err := h.setUp(ctx)
+	defer cleanup()
+	if err != nil {
+		return nil, err
+	}
+	res := &Result{Nodes: o.Nodes, Modules: o.Modules, Pairs: o.Nodes * o.Modules, Machine: DescribeMachine()}
+	err = h.phases(ctx, res)
+	res.Args = h.operatorArgs
+	return res, err
+}
+
+func (h *harness) sayf(format string, args ...any) {
+	_, _ = fmt.Fprintf(h.o.Log, time.Now().Format("15:04:05.000")+" "+format+"\n", args...)
+}
+
+// setUp starts the control plane, the harness's cache and the agent with its nodes.
+func (h *harness) setUp(ctx context.Context) (func(), error) {
+	var undo []func()
+	cleanup := func() {
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
+	}
+	h.sayf("starting etcd and kube-apiserver")
+	env, err := envtest.Start()
+	if err != nil {
+		return cleanup, err
+	}
+	h.env = env
+	undo = append(undo, func() { _ = env.Stop() })
+	if h.kubeconfig, err = env.WriteKubeconfig(h.o.OutDir); err != nil {
+		return cleanup, err
+	}
+	if h.apiserver, err = rest.HTTPClientFor(env.Config); err != nil {
+		return cleanup, err
+	}
+	// The harness's and the agent's clients: unthrottled, and counted.
+	cfg := rest.CopyConfig(env.Config)
+	cfg.QPS, cfg.Burst = -1, 0
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { h.count.next = rt; return h.count })
+	if err := h.startCache(ctx, cfg); err != nil {
+		return cleanup, err
+	}
+	if err := h.k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Namespace}}); err != nil {
+		return cleanup, err
+	}
+	if h.agent, err = agent.New(cfg, agent.Options{Workers: h.o.AgentWorkers}); err != nil {
+		return cleanup, err
+	}
+	go func() { _ = h.agent.Start(ctx) }()
+	h.sayf("adding %d simulated nodes", h.o.Nodes)
+	for i := range h.o.Nodes {
+		n := fmt.Sprintf("node-%04d", i)
+		if err := h.agent.AddNode(ctx, n, Kernel, map[string]string{"kmm-scale": "true"}); err != nil {
+			return cleanup, err
+		}
+		h.nodes = append(h.nodes, n)
+	}
+	return cleanup, nil
+}
+
+// startCache watches NMCs, Modules and worker pods for the convergence checks.
+func (h *harness) startCache(ctx context.Context, cfg *rest.Config) error {
+	scheme := manager.NewScheme()
+	c, err := cache.New(cfg, cache.Options{Scheme: scheme})
+	if err != nil {
+		return err
+	}
+	for _, obj := range []client.Object{&kmmv1beta1.NodeModulesConfig{}, &kmmv1beta1.Module{}, &corev1.Pod{}} {
+		if _, err := c.GetInformer(ctx, obj); err != nil {
+			return err
+		}
+	}
+	go func() { _ = c.Start(ctx) }()
+	if !c.WaitForCacheSync(ctx) {
+		return errors.New("the harness's cache did not sync")
+	}
+	h.cache = c
+	h.k8s, err = client.New(cfg, client.Options{Scheme: scheme, Cache: &client.CacheOptions{Reader: c}})
+	return err
+}
+
+// phases runs load, resync and bump.
+func (h *harness) phases(ctx context.Context, res *Result) error {
+	h.sayf("starting the operator")
+	op, err := h.startOperator(ctx, "1")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if op != nil {
+			op.stop()
+		}
+	}()
+
+	p, err := h.measure(ctx, "load", &op, func(ctx context.Context) error {
+		if h.o.ProfileSeconds > 0 {
+			go func() {
+				path := filepath.Join(h.o.OutDir, fmt.Sprintf("cpu-%dx%d.pprof", h.o.Nodes, h.o.Modules))
+				if err := op.profile(ctx, h.o.ProfileSeconds, path); err != nil {
+					h.sayf("CPU profile failed: %v", err)
+				}
+			}()
+		}
+		for i := range h.o.Modules {
+			if err := h.k8s.Create(ctx, h.module(i)); err != nil {
+				return err
+			}
+		}
+		return h.waitLoaded(ctx, "")
+	})
+	res.Phases = append(res.Phases, p)
+	if err != nil {
+		return err
+	}
+
+	h.sayf("restarting the operator (no-op resync)")
+	op.stop()
+	op = nil
+	p, err = h.measure(ctx, "resync", &op, func(ctx context.Context) error {
+		var err error
+		op, err = h.startOperator(ctx, "2")
+		return err
+	})
+	res.Phases = append(res.Phases, p)
+	if err != nil {
+		return err
+	}
+
+	p, err = h.measure(ctx, "bump", &op, func(ctx context.Context) error {
+		for i := range h.o.Modules {
+			err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+				m := &kmmv1beta1.Module{}
+				if err := h.k8s.Get(ctx, client.ObjectKey{Namespace: Namespace, Name: moduleName(i)}, m); err != nil {
+					return err
+				}
+				m.Spec.ModuleLoader.Container.ContainerImage = image(i, "-v2")
+				return h.k8s.Update(ctx, m)
+			})
+			if err != nil {
+				return err
+			}
+		}
+		return h.waitLoaded(ctx, "-v2")
+	})
+	res.Phases = append(res.Phases, p)
+	return err
+}
+
+func moduleName(i int) string { return fmt.Sprintf("scale-%d", i) }
+
+// image is module i's image; suffix tells the bump's image apart.
+func image(i int, suffix string) string {
+	return fmt.Sprintf("registry.example.com/kmm-scale/mod%d%s:$KERNEL_FULL_VERSION", i, suffix)
+}
+
+// module is the i-th Module: every node, no device plugin, no version.
+func (h *harness) module(i int) *kmmv1beta1.Module {
+	return &kmmv1beta1.Module{
+		ObjectMeta: metav1.ObjectMeta{Namespace: Namespace, Name: moduleName(i)},
+		Spec: kmmv1beta1.ModuleSpec{
+			Selector: map[string]string{"kmm-scale": "true"},
+			ModuleLoader: kmmv1beta1.ModuleLoaderSpec{Container: kmmv1beta1.ModuleLoaderContainerSpec{
+				ContainerImage: image(i, ""),
+				Modprobe:       kmmv1beta1.ModprobeSpec{ModuleName: fmt.Sprintf("kmm_scale_%d", i)},
+				KernelMappings: []kmmv1beta1.KernelMapping{{Regexp: `^.+$`}},
+			}},
+		},
+	}
+}
+
+// loadedPairs counts the pairs Loaded with their spec's config, whose image has suffix.
+func (h *harness) loadedPairs(ctx context.Context, suffix string) (int, error) {
+	var nmcs kmmv1beta1.NodeModulesConfigList
+	if err := h.cache.List(ctx, &nmcs, client.UnsafeDisableDeepCopy); err != nil {
+		return 0, err
+	}
+	n := 0
+	for i := range nmcs.Items {
+		nmc := &nmcs.Items[i]
+		for _, st := range nmc.Status.Modules {
+			if st.State != kmmv1beta1.StateLoaded || st.Config == nil || !strings.Contains(st.Config.ContainerImage, suffix+":") {
+				continue
+			}
+			for _, e := range nmc.Spec.Modules {
+				if e.Namespace == st.Namespace && e.Name == st.Name && e.Config.ContainerImage == st.Config.ContainerImage {
+					n++
+				}
+			}
+		}
+	}
+	return n, nil
+}
+
+// waitLoaded waits until every pair is Loaded with the image of suffix.
+func (h *harness) waitLoaded(ctx context.Context, suffix string) error {
+	want := h.o.Nodes * h.o.Modules
+	last := time.Now()
+	for {
+		n, err := h.loadedPairs(ctx, suffix)
+		if err != nil {
+			return err
+		}
+		if n == want {
+			return nil
+		}
+		if time.Since(last) > 5*time.Second {
+			h.sayf("%d of %d pairs Loaded", n, want)
+			last = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%d of %d pairs Loaded: %w", n, want, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// workerPods counts the worker pods left.
+func (h *harness) workerPods(ctx context.Context) (int, error) {
+	var pods corev1.PodList
+	err := h.cache.List(ctx, &pods, client.MatchingLabels{worker.LabelWorker: "true"}, client.UnsafeDisableDeepCopy)
+	return len(pods.Items), err
+}

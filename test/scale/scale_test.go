@@ -1,0 +1,49 @@
+package scale_test
+
+import (
+	"context"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/kmm-project/kmm/test/envtest"
+	"github.com/kmm-project/kmm/test/scale"
+)
+
+// TestSmoke runs the harness at 10 nodes x 1 Module and checks that the numbers are sane; the
+// real runs are `make bench-scale`.
+func TestSmoke(t *testing.T) {
+	root, err := envtest.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "manager")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/manager")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building the operator: %v\n%s", err, out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	res, err := scale.Run(ctx, scale.Options{Nodes: 10, Modules: 1, Manager: bin, Timeout: time.Minute, OutDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Phases) != 3 {
+		t.Fatalf("want 3 phases, got %+v", res.Phases)
+	}
+	load, resync, bump := res.Phases[0], res.Phases[1], res.Phases[2]
+	if load.OperatorRequests["APPLY nodemodulesconfigs"] != 10 {
+		t.Errorf("load: want one NMC apply per pair, got %v", load.OperatorRequests)
+	}
+	if load.WritesPerPairNoEvents < 3 || load.WritesPerPairNoEvents > 10 {
+		t.Errorf("load: %.2f writes per pair without Events is not plausible: %v", load.WritesPerPairNoEvents, load.OperatorRequests)
+	}
+	if resync.OperatorWrites != 0 {
+		t.Errorf("resync: want no write, got %v", resync.OperatorRequests)
+	}
+	if bump.OperatorWrites == 0 || load.PeakRSSMiB <= 0 || load.CPUSeconds <= 0 {
+		t.Errorf("implausible: bump writes %d, peak RSS %.0f MiB, CPU %.2f s", bump.OperatorWrites, load.PeakRSSMiB, load.CPUSeconds)
+	}
+}
