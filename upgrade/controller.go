@@ -44,7 +44,10 @@ func (r *LabelReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		For(&corev1.Node{}, builder.WithPredicates(labelsChanged())).
 		Watches(&kmmv1beta1.NodeModulesConfig{}, byName).
 		Watches(&corev1.Pod{}, byPodNode).
-		Watches(&kmmv1beta1.Module{}, handler.EnqueueRequestsFromMapFunc(r.nodesOfModule)).
+		// Only spec changes of a Module matter here: its status changes often during a rollout and
+		// would enqueue every node it selects each time.
+		Watches(&kmmv1beta1.Module{}, handler.EnqueueRequestsFromMapFunc(r.nodesOfModule),
+			builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Complete(r)
 }
 
