@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"pgregory.net/rapid"
+
+	"github.com/kmm-project/kmm/test/rapidtb"
 )
 
 // TestMain lengthens rapid's interleavings for this package (unless -rapid.steps is given): the
@@ -56,29 +58,6 @@ func TestModelInvariants(t *testing.T) {
 	}
 }
 
-// recordingTB lets a rapid run fail without failing the test, so that a test can assert that rapid
-// finds a counterexample.
-type recordingTB struct {
-	*testing.T
-	failed bool
-	msgs   []string
-}
-
-func (r *recordingTB) Errorf(format string, args ...any) { r.fail(fmt.Sprintf(format, args...)) }
-func (r *recordingTB) Error(args ...any)                 { r.fail(fmt.Sprint(args...)) }
-func (r *recordingTB) Fatalf(format string, args ...any) { r.fail(fmt.Sprintf(format, args...)) }
-func (r *recordingTB) Fatal(args ...any)                 { r.fail(fmt.Sprint(args...)) }
-func (r *recordingTB) FailNow()                          { r.failed = true }
-func (r *recordingTB) Fail()                             { r.failed = true }
-func (r *recordingTB) Failed() bool                      { return r.failed }
-func (r *recordingTB) Logf(string, ...any)               {}
-func (r *recordingTB) Log(...any)                        {}
-
-func (r *recordingTB) fail(msg string) {
-	r.failed = true
-	r.msgs = append(r.msgs, msg)
-}
-
 // TestSeededFaultsAreCaught runs the property test against deliberately broken controllers and
 // requires rapid to find a counterexample naming the invariant each one breaks.
 func TestSeededFaultsAreCaught(t *testing.T) {
@@ -103,13 +82,13 @@ func TestSeededFaultsAreCaught(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			rec := &recordingTB{T: t}
+			rec := rapidtb.New(t)
 			rapid.Check(rec, runModel(tc.fault))
-			if !rec.failed {
+			if !rec.Failed() {
 				t.Fatalf("rapid found no counterexample for the fault %q", tc.name)
 			}
-			t.Logf("counterexample: %s", rec.msgs)
-			if all := strings.Join(rec.msgs, "\n"); !containsAny(all, strings.Split(tc.invariant, "|")) {
+			t.Logf("counterexample: %s", rec.Messages())
+			if all := rec.Messages(); !containsAny(all, strings.Split(tc.invariant, "|")) {
 				t.Fatalf("rapid failed, but not on %s:\n%s", tc.invariant, all)
 			}
 		})

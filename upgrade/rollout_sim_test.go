@@ -11,6 +11,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"pgregory.net/rapid"
 
+	"github.com/kmm-project/kmm/test/rapidtb"
+
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 )
 
@@ -475,29 +477,6 @@ func TestRolloutGoesNodeByNode(t *testing.T) {
 	}
 }
 
-// recordingTB lets a rapid run fail without failing the test, so that a test can assert that rapid
-// finds a counterexample (copied from fsm/property_test.go).
-type recordingTB struct {
-	*testing.T
-	failed bool
-	msgs   []string
-}
-
-func (r *recordingTB) Errorf(format string, args ...any) { r.fail(fmt.Sprintf(format, args...)) }
-func (r *recordingTB) Error(args ...any)                 { r.fail(fmt.Sprint(args...)) }
-func (r *recordingTB) Fatalf(format string, args ...any) { r.fail(fmt.Sprintf(format, args...)) }
-func (r *recordingTB) Fatal(args ...any)                 { r.fail(fmt.Sprint(args...)) }
-func (r *recordingTB) FailNow()                          { r.failed = true }
-func (r *recordingTB) Fail()                             { r.failed = true }
-func (r *recordingTB) Failed() bool                      { return r.failed }
-func (r *recordingTB) Logf(string, ...any)               {}
-func (r *recordingTB) Log(...any)                        {}
-
-func (r *recordingTB) fail(msg string) {
-	r.failed = true
-	r.msgs = append(r.msgs, msg)
-}
-
 var rolloutFaultCases = []struct {
 	name       string
 	fault      rolloutFaults
@@ -527,15 +506,15 @@ func TestRolloutSeededFaultsAreCaught(t *testing.T) {
 	setRapidFlag(t, "rapid.shrinktime", "3s")
 	for _, tc := range rolloutFaultCases {
 		t.Run(tc.name, func(t *testing.T) {
-			rec := &recordingTB{T: t}
+			rec := rapidtb.New(t)
 			rapid.Check(rec, runRollout(tc.fault))
-			if !rec.failed {
+			if !rec.Failed() {
 				t.Fatalf("rapid found no counterexample for the fault %q", tc.name)
 			}
-			last := rec.msgs[len(rec.msgs)-1]
-			t.Logf("counterexample (shrunk): %s", last)
-			if !namesOneOf(last, tc.invariants) {
-				t.Fatalf("rapid failed, but not on %v:\n%s", tc.invariants, strings.Join(rec.msgs, "\n"))
+			all := rec.Messages()
+			t.Logf("counterexample (shrunk): %s", all)
+			if !namesOneOf(all, tc.invariants) {
+				t.Fatalf("rapid failed, but not on %v:\n%s", tc.invariants, rec.Messages())
 			}
 		})
 	}

@@ -27,9 +27,6 @@ const kernel = "6.1.0-56-cloud-amd64"
 // TestAgainstTheOperator runs the operator and the simulated kubelet on a real API server, loads a
 // Module on three nodes and checks what `kubectl kmm` prints about them.
 func TestAgainstTheOperator(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a control plane")
-	}
 	env, err := envtest.Start()
 	if err != nil {
 		t.Fatal(err)
