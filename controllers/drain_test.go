@@ -31,9 +31,7 @@ func TestUpgradeDrain(t *testing.T) {
 	n := tb.nodes[0]
 	ctx := context.Background()
 	setNodeLabel(t, n, kmmv1beta1.ModuleVersionLabel(tb.ns, "nic"), "v1")
-	m := tb.module("nic")
-	m.Spec.ModuleLoader.Container.Version = "v1"
-	m.Spec.ModuleLoader.Container.KernelMappings[0].ContainerImage = "reg.example.com/nic:v1"
+	m := tb.versionedModule("nic", "v1")
 	m.Spec.UpgradePolicy = &kmmv1beta1.UpgradePolicy{Drain: &kmmv1beta1.DrainSpec{
 		PodSelector:                 &metav1.LabelSelector{MatchLabels: map[string]string{"app": "uses-nic"}},
 		TimeoutSeconds:              2,
@@ -130,9 +128,7 @@ func TestDrainTimeoutGauge(t *testing.T) {
 	n := tb.nodes[0]
 	ctx := context.Background()
 	setNodeLabel(t, n, kmmv1beta1.ModuleVersionLabel(tb.ns, "nic"), "v1")
-	m := tb.module("nic")
-	m.Spec.ModuleLoader.Container.Version = "v1"
-	m.Spec.ModuleLoader.Container.KernelMappings[0].ContainerImage = "reg.example.com/nic:v1"
+	m := tb.versionedModule("nic", "v1")
 	m.Spec.UpgradePolicy = &kmmv1beta1.UpgradePolicy{Drain: &kmmv1beta1.DrainSpec{
 		PodSelector:    &metav1.LabelSelector{MatchLabels: map[string]string{"app": "uses-nic"}},
 		TimeoutSeconds: 1, PDBForceDrainTimeoutSeconds: 2, DisableDrainStrategies: true,

@@ -30,9 +30,7 @@ func TestRolloutAutomaticWithDrain(t *testing.T) {
 		setNodeLabel(t, n, kmmv1beta1.ModuleVersionLabel(tb.ns, "nic"), "v1")
 	}
 	one := intstr.FromInt32(1)
-	m := tb.module("nic")
-	m.Spec.ModuleLoader.Container.Version = "v1"
-	m.Spec.ModuleLoader.Container.KernelMappings[0].ContainerImage = "reg.example.com/nic:v1"
+	m := tb.versionedModule("nic", "v1")
 	m.Spec.UpgradePolicy = &kmmv1beta1.UpgradePolicy{Automatic: true, MaxUnavailable: &one, Drain: &kmmv1beta1.DrainSpec{
 		PodSelector:    &metav1.LabelSelector{MatchLabels: map[string]string{"app": "uses-nic"}},
 		TimeoutSeconds: 2, PDBForceDrainTimeoutSeconds: 30, IgnoredNamespacePatterns: []string{"^ignored-"},

@@ -28,9 +28,7 @@ func TestRolloutAutomatic(t *testing.T) {
 		setNodeLabel(t, n, label, "v1")
 	}
 	one := intstr.FromInt32(1)
-	m := tb.module("nic")
-	m.Spec.ModuleLoader.Container.Version = "v1"
-	m.Spec.ModuleLoader.Container.KernelMappings[0].ContainerImage = "reg.example.com/nic:v1"
+	m := tb.versionedModule("nic", "v1")
 	m.Spec.DevicePlugin = &kmmv1beta1.DevicePluginSpec{Container: kmmv1beta1.DevicePluginContainerSpec{Image: "reg.example.com/nic-dp:v1"}}
 	m.Spec.UpgradePolicy = &kmmv1beta1.UpgradePolicy{Automatic: true, MaxUnavailable: &one}
 	tb.create(m)

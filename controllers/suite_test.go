@@ -231,6 +231,14 @@ func (tb *testBed) module(name string) *kmmv1beta1.Module {
 	}
 }
 
+// versionedModule is module(name) at version, its first mapping's image tagged with the version.
+func (tb *testBed) versionedModule(name, version string) *kmmv1beta1.Module {
+	m := tb.module(name)
+	m.Spec.ModuleLoader.Container.Version = version
+	m.Spec.ModuleLoader.Container.KernelMappings[0].ContainerImage = "reg.example.com/" + name + ":" + version
+	return m
+}
+
 func (tb *testBed) create(obj client.Object) {
 	tb.t.Helper()
 	if err := k8s.Create(context.Background(), obj); err != nil {

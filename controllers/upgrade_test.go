@@ -33,9 +33,7 @@ func TestOrderedUpgrade(t *testing.T) {
 	for _, n := range tb.nodes {
 		setNodeLabel(t, n, label, "v1")
 	}
-	m := tb.module("nic")
-	m.Spec.ModuleLoader.Container.Version = "v1"
-	m.Spec.ModuleLoader.Container.KernelMappings[0].ContainerImage = "reg.example.com/nic:v1"
+	m := tb.versionedModule("nic", "v1")
 	m.Spec.DevicePlugin = &kmmv1beta1.DevicePluginSpec{Container: kmmv1beta1.DevicePluginContainerSpec{Image: "reg.example.com/nic-dp:v1"}}
 	tb.create(m)
 	tb.waitLoaded("nic", "reg.example.com/nic:v1", tb.nodes...)

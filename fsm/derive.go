@@ -106,19 +106,26 @@ func deriveLoaded(f *Facts) (Trigger, bool) {
 	return "", false
 }
 
-func deriveDevicePluginDraining(f *Facts) (Trigger, bool) {
-	if !f.nodeUsable() {
-		return "", false
-	}
+// unloadOverruled is what ends an unload before it completes: a reboot unloaded everything, or the
+// spec came back to the loaded config with no upgrade requested.
+func unloadOverruled(f *Facts) (Trigger, bool) {
 	switch {
 	case f.rebootedByBootID():
 		return NodeRebooted, true
 	case !f.needsUnload() && !f.upgradeRequested():
 		return SpecRestored, true
-	case f.needsUnload() && !f.DevicePluginRunning && len(f.remainingWorkloads()) == 0:
-		return DevicePluginGone, true
 	}
 	return "", false
+}
+
+func deriveDevicePluginDraining(f *Facts) (Trigger, bool) {
+	if !f.nodeUsable() {
+		return "", false
+	}
+	if t, ok := unloadOverruled(f); ok {
+		return t, true
+	}
+	return DevicePluginGone, f.needsUnload() && !f.DevicePluginRunning && len(f.remainingWorkloads()) == 0
 }
 
 func deriveUnloading(f *Facts) (Trigger, bool) {
@@ -131,24 +138,15 @@ func deriveUnloading(f *Facts) (Trigger, bool) {
 	if f.Worker.Phase == PodRunning || !f.nodeUsable() {
 		return "", false
 	}
-	switch {
-	case f.rebootedByBootID():
-		return NodeRebooted, true
-	case !f.needsUnload() && !f.upgradeRequested():
-		return SpecRestored, true
-	}
-	return "", false
+	return unloadOverruled(f)
 }
 
 func deriveUnloadBackOff(f *Facts) (Trigger, bool) {
 	if !f.nodeUsable() {
 		return "", false
 	}
-	switch {
-	case f.rebootedByBootID():
-		return NodeRebooted, true
-	case !f.needsUnload() && !f.upgradeRequested():
-		return SpecRestored, true
+	if t, ok := unloadOverruled(f); ok {
+		return t, true
 	}
 	return BackOffExpired, f.backOffExpired()
 }
