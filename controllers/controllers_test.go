@@ -63,6 +63,37 @@ func TestLoadOnThreeNodes(t *testing.T) {
 	assertMetric(t, "kmm_transitions_total", "Loading", "Loaded", "WorkerSucceeded")
 	assertMetric(t, "kmm_pairs", tb.ns, "nic", "Loaded")
 	assertMetric(t, "kmm_worker_pod_duration_seconds", "load", "Succeeded")
+	assertLoadEvents(t, tb, m)
+}
+
+// assertLoadEvents checks where the Events of a load went: every NMC has its Loading -> Loaded
+// transition, the Module has its own AllLoaded Event and no per-node success Event.
+func assertLoadEvents(t *testing.T, tb *testBed, m *kmmv1beta1.Module) {
+	t.Helper()
+	eventually(t, 10*time.Second, func() (bool, string) {
+		nmcEvents, moduleEvents := &eventsv1.EventList{}, &eventsv1.EventList{}
+		_ = k8s.List(context.Background(), nmcEvents, client.InNamespace(metav1.NamespaceDefault))
+		_ = k8s.List(context.Background(), moduleEvents, client.InNamespace(tb.ns))
+		loadedOn := map[string]bool{}
+		for _, e := range nmcEvents.Items {
+			if e.Regarding.Kind == "NodeModulesConfig" && e.Reason == string(fsm.WorkerSucceeded) &&
+				e.Related != nil && e.Related.Name == m.Name && e.Related.Namespace == tb.ns {
+				loadedOn[e.Regarding.Name] = true
+			}
+		}
+		allLoaded := false
+		for _, e := range moduleEvents.Items {
+			if e.Regarding.Kind != "Module" || e.Regarding.Name != m.Name {
+				continue
+			}
+			if e.Reason == string(fsm.WorkerSucceeded) {
+				return false, "a per-node success Event on the Module: " + e.Note
+			}
+			allLoaded = allLoaded || (e.Reason == kmmv1beta1.ReasonAllLoaded && e.Type == corev1.EventTypeNormal)
+		}
+		return len(loadedOn) == len(tb.nodes) && allLoaded,
+			fmt.Sprintf("WorkerSucceeded Events on the NMCs of %v of %d nodes; AllLoaded on the Module: %v", loadedOn, len(tb.nodes), allLoaded)
+	})
 }
 
 // assertMetric checks that the operator's registry has a positive sample of the metric with every

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -42,8 +43,40 @@ func (r *ModuleReconciler) writeStatus(ctx context.Context, s *moduleScope) erro
 	if equality.Semantic.DeepEqual(next, m.Status) {
 		return nil
 	}
+	prev := m.Status.Conditions
 	m.Status = next
-	return client.IgnoreNotFound(r.Client.Status().Update(ctx, m))
+	if err := r.Client.Status().Update(ctx, m); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if ev, ok := moduleEvent(prev, next.Conditions); ok {
+		r.Recorder.Eventf(m, nil, ev.eventType, ev.reason, "StateChanged", ev.note)
+	}
+	return nil
+}
+
+// kubeEvent is a Kubernetes Event to emit.
+type kubeEvent struct{ eventType, reason, note string }
+
+// moduleEvent is the Module-level Event for a change of its conditions: a Warning with the
+// Degraded reason while degraded, else a Normal Event with the Ready reason (InProgress, AllLoaded).
+// It says nothing when that summary did not change, so a rollout over many nodes gives a few Events
+// on the Module, not one per node.
+func moduleEvent(prev, next []metav1.Condition) (kubeEvent, bool) {
+	summary := func(conds []metav1.Condition) (kubeEvent, bool) {
+		if d := meta.FindStatusCondition(conds, kmmv1beta1.ConditionDegraded); d != nil && d.Status == metav1.ConditionTrue {
+			return kubeEvent{corev1.EventTypeWarning, d.Reason, d.Message}, true
+		}
+		if r := meta.FindStatusCondition(conds, kmmv1beta1.ConditionReady); r != nil {
+			return kubeEvent{corev1.EventTypeNormal, r.Reason, r.Message}, true
+		}
+		return kubeEvent{}, false
+	}
+	was, hadSummary := summary(prev)
+	now, ok := summary(next)
+	if !ok || (hadSummary && was.eventType == now.eventType && was.reason == now.reason) {
+		return kubeEvent{}, false
+	}
+	return now, true
 }
 
 // computeModuleStatus is pure: upstream's counters, nodes per state, and the three conditions.

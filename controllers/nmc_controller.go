@@ -272,20 +272,22 @@ func (r *NMCReconciler) writeStatus(ctx context.Context, nmc *kmmv1beta1.NodeMod
 	return r.Client.Status().Update(ctx, nmc)
 }
 
-// record emits an Event and counts a metric for every transition.
+// record counts a metric and emits an Event on the NMC for every transition; failures are also
+// reported on the Module, node by node. The Module's other Events are per Module, not per node
+// (see moduleEvent): at 1,000 nodes an Event per node and transition would flood it.
 func (r *NMCReconciler) record(f *nodeFacts, outcomes []pairOutcome) {
 	for _, o := range outcomes {
 		ns, name, _ := strings.Cut(o.key, "/")
 		module := &kmmv1beta1.Module{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
 		for _, t := range o.result.Fired {
 			transitionsTotal.WithLabelValues(string(t.From), string(t.To), t.Trigger).Inc()
-			eventType := corev1.EventTypeNormal
-			if t.Trigger == string(fsm.WorkerFailed) {
-				eventType = corev1.EventTypeWarning
-			}
 			note := fmt.Sprintf("%s on %s: %s -> %s (%s)", o.key, f.node.Name, t.From, t.To, o.result.Status.Message)
-			r.Recorder.Eventf(f.nmc, module, eventType, t.Trigger, "Transition", note)
-			r.Recorder.Eventf(module, f.nmc, eventType, t.Trigger, "Transition", note)
+			if t.Trigger != string(fsm.WorkerFailed) {
+				r.Recorder.Eventf(f.nmc, module, corev1.EventTypeNormal, t.Trigger, "Transition", note)
+				continue
+			}
+			r.Recorder.Eventf(f.nmc, module, corev1.EventTypeWarning, t.Trigger, "Transition", note)
+			r.Recorder.Eventf(module, f.nmc, corev1.EventTypeWarning, t.Trigger, "Transition", note)
 		}
 		if o.pod != nil && o.result.Plan.DeleteWorker {
 			observeFinishedPod(o.pod)

@@ -239,3 +239,36 @@ func procStats(pid int) (peakRSSMiB, cpuSeconds float64, err error) {
 	stime, _ := strconv.ParseFloat(fields[12], 64)
 	return peakRSSMiB, (utime + stime) / clockTicks, nil
 }
+
+// processCPU is the CPU seconds so far of the harness itself (with its agent) and of its child
+// processes named kube-apiserver and etcd, keyed by those names.
+func processCPU() map[string]float64 {
+	out := map[string]float64{}
+	if _, cpu, err := procStats(os.Getpid()); err == nil {
+		out["harness+agent"] = cpu
+	}
+	dirs, _ := os.ReadDir("/proc")
+	for _, d := range dirs {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		s := string(stat)
+		open, end := strings.Index(s, "("), strings.LastIndex(s, ")")
+		if open < 0 || end < open {
+			continue
+		}
+		name, fields := s[open+1:end], strings.Fields(s[end+1:])
+		if (name != "kube-apiserver" && name != "etcd") || len(fields) < 2 || fields[1] != strconv.Itoa(os.Getpid()) {
+			continue
+		}
+		if _, cpu, err := procStats(pid); err == nil {
+			out[name] += cpu
+		}
+	}
+	return out
+}

@@ -104,13 +104,18 @@ func (op *operator) reconciles(ctx context.Context) (map[string]int, error) {
 	return out, nil
 }
 
-// profile saves a CPU profile of seconds to path.
+// profile saves a CPU profile of the operator over seconds to path.
 func (op *operator) profile(ctx context.Context, seconds int, path string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", op.pprof, seconds), nil)
+	return saveProfile(ctx, http.DefaultClient, op.pprof, seconds, path)
+}
+
+// saveProfile saves the CPU profile served under base (…/debug/pprof/profile) over seconds to path.
+func saveProfile(ctx context.Context, c *http.Client, base string, seconds int, path string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", base, seconds), nil)
 	if err != nil {
 		return err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := c.Do(req)
 	if err != nil {
 		return err
 	}

@@ -19,10 +19,11 @@ type snapshot struct {
 	harness    Requests
 	reconciles map[string]int
 	cpu        float64
+	others     map[string]float64 // CPU seconds of the other processes (processCPU)
 }
 
 func (h *harness) snapshot(ctx context.Context, op *operator) (snapshot, error) {
-	s := snapshot{at: time.Now(), reconciles: map[string]int{}}
+	s := snapshot{at: time.Now(), reconciles: map[string]int{}, others: processCPU()}
 	samples, err := scrape(ctx, h.apiserver, strings.TrimSuffix(h.env.Config.Host, "/")+"/metrics", "apiserver_request_total")
 	if err != nil {
 		return s, fmt.Errorf("scraping the API server: %w", err)
@@ -87,6 +88,10 @@ func (h *harness) measure(ctx context.Context, name string, op **operator, actio
 		total += p.Reconciles[c]
 	}
 	p.CPUSeconds = after.cpu - before.cpu
+	p.OtherCPUSeconds = map[string]float64{}
+	for name, cpu := range after.others {
+		p.OtherCPUSeconds[name] = cpu - before.others[name]
+	}
 	if total > 0 {
 		p.CPUPerReconcileMicros = p.CPUSeconds / float64(total) * 1e6
 	}

@@ -66,6 +66,8 @@ func (r *Result) PrintTable(w io.Writer) {
 	for _, p := range r.Phases {
 		_, _ = fmt.Fprintf(w, "operator requests, %s: %s\n", p.Name, p.OperatorRequests)
 		_, _ = fmt.Fprintf(w, "harness+agent requests, %s: %s\n", p.Name, p.HarnessRequests.writesOnly())
+		_, _ = fmt.Fprintf(w, "CPU seconds, %s: operator %.1f, kube-apiserver %.1f, etcd %.1f, harness+agent %.1f\n", p.Name,
+			p.CPUSeconds, p.OtherCPUSeconds["kube-apiserver"], p.OtherCPUSeconds["etcd"], p.OtherCPUSeconds["harness+agent"])
 	}
 }
 

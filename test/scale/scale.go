@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -56,9 +57,13 @@ type Options struct {
 	Timeout time.Duration
 	// OutDir receives the operator logs and profiles (default: a temporary directory).
 	OutDir string
-	// ProfileSeconds, when positive, saves a CPU profile of the operator over the first
-	// ProfileSeconds of the load phase to OutDir/cpu-<N>x<M>.pprof.
+	// ProfileSeconds, when positive, saves CPU profiles of the operator and of kube-apiserver over
+	// the first ProfileSeconds of the load phase to OutDir/cpu-<N>x<M>.pprof and
+	// OutDir/apiserver-cpu-<N>x<M>.pprof.
 	ProfileSeconds int
+	// Phases are the phases to run, in order, from "load", "resync" and "bump"; empty means all
+	// three. The resync and the bump need the load before them.
+	Phases []string
 	// Log receives progress lines; nil discards them.
 	Log io.Writer
 }
@@ -100,6 +105,9 @@ type Phase struct {
 	// divides it by all reconciles (it includes watch decoding and cache upkeep).
 	CPUSeconds            float64 `json:"cpuSeconds"`
 	CPUPerReconcileMicros float64 `json:"cpuPerReconcileMicros"`
+	// OtherCPUSeconds are the CPU seconds of the processes sharing the machine with the operator
+	// during the phase: kube-apiserver, etcd, and the harness with its agent.
+	OtherCPUSeconds map[string]float64 `json:"otherCPUSeconds"`
 	// PeakRSSMiB is the operator process's VmHWM at the end of the phase.
 	PeakRSSMiB float64 `json:"peakRSSMiB"`
 }
@@ -240,12 +248,7 @@ func (h *harness) phases(ctx context.Context, res *Result) error {
 
 	p, err := h.measure(ctx, "load", &op, func(ctx context.Context) error {
 		if h.o.ProfileSeconds > 0 {
-			go func() {
-				path := filepath.Join(h.o.OutDir, fmt.Sprintf("cpu-%dx%d.pprof", h.o.Nodes, h.o.Modules))
-				if err := op.profile(ctx, h.o.ProfileSeconds, path); err != nil {
-					h.sayf("CPU profile failed: %v", err)
-				}
-			}()
+			h.profile(ctx, op)
 		}
 		for i := range h.o.Modules {
 			if err := h.k8s.Create(ctx, h.module(i)); err != nil {
@@ -255,7 +258,7 @@ func (h *harness) phases(ctx context.Context, res *Result) error {
 		return h.waitLoaded(ctx, "")
 	})
 	res.Phases = append(res.Phases, p)
-	if err != nil {
+	if err != nil || !h.runs("resync") {
 		return err
 	}
 
@@ -268,7 +271,7 @@ func (h *harness) phases(ctx context.Context, res *Result) error {
 		return err
 	})
 	res.Phases = append(res.Phases, p)
-	if err != nil {
+	if err != nil || !h.runs("bump") {
 		return err
 	}
 
@@ -290,6 +293,27 @@ func (h *harness) phases(ctx context.Context, res *Result) error {
 	})
 	res.Phases = append(res.Phases, p)
 	return err
+}
+
+// runs says whether the run includes phase.
+func (h *harness) runs(phase string) bool {
+	return len(h.o.Phases) == 0 || slices.Contains(h.o.Phases, phase)
+}
+
+// profile saves, in the background, CPU profiles of the operator and of kube-apiserver.
+func (h *harness) profile(ctx context.Context, op *operator) {
+	name := fmt.Sprintf("%dx%d.pprof", h.o.Nodes, h.o.Modules)
+	go func() {
+		if err := op.profile(ctx, h.o.ProfileSeconds, filepath.Join(h.o.OutDir, "cpu-"+name)); err != nil {
+			h.sayf("operator CPU profile failed: %v", err)
+		}
+	}()
+	go func() {
+		path := filepath.Join(h.o.OutDir, "apiserver-cpu-"+name)
+		if err := saveProfile(ctx, h.apiserver, strings.TrimSuffix(h.env.Config.Host, "/"), h.o.ProfileSeconds, path); err != nil {
+			h.sayf("kube-apiserver CPU profile failed: %v", err)
+		}
+	}()
 }
 
 func moduleName(i int) string { return fmt.Sprintf("scale-%d", i) }

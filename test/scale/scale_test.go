@@ -40,6 +40,13 @@ func TestSmoke(t *testing.T) {
 	if load.WritesPerPairNoEvents < 3 || load.WritesPerPairNoEvents > 10 {
 		t.Errorf("load: %.2f writes per pair without Events is not plausible: %v", load.WritesPerPairNoEvents, load.OperatorRequests)
 	}
+	// Two transitions per pair, each an Event on the NMC; the Module gets a few Events in all.
+	if perPair := float64(load.EventWrites) / float64(res.Pairs); perPair > 2.5 {
+		t.Errorf("load: %.2f Events per pair, want at most 2 (one per NMC transition) and a few on the Module", perPair)
+	}
+	if load.OtherCPUSeconds["kube-apiserver"] <= 0 || load.OtherCPUSeconds["etcd"] <= 0 {
+		t.Errorf("load: the CPU of kube-apiserver and etcd was not measured: %v", load.OtherCPUSeconds)
+	}
 	if resync.OperatorWrites != 0 {
 		t.Errorf("resync: want no write, got %v", resync.OperatorRequests)
 	}
