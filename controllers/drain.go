@@ -9,7 +9,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -20,6 +19,7 @@ import (
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/fsm"
+	"github.com/kmm-project/kmm/internal/semantic"
 )
 
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;delete;patch
@@ -92,7 +92,7 @@ func mayDrain(f *fsm.Facts) bool {
 	if st.State != fsm.Loaded || st.Config == nil {
 		return false
 	}
-	return f.Node.UpgradeTarget != "" || f.Spec == nil || !equality.Semantic.DeepEqual(f.Spec.Config, *st.Config)
+	return f.Node.UpgradeTarget != "" || f.Spec == nil || !semantic.Equal(f.Spec.Config, *st.Config)
 }
 
 func (r *NMCReconciler) pdbsFor(ctx context.Context, pods []corev1.Pod) ([]policyv1.PodDisruptionBudget, error) {

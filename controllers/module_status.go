@@ -8,13 +8,13 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/fsm"
+	"github.com/kmm-project/kmm/internal/semantic"
 )
 
 // writeStatus computes Module.status from the scope and the device plugin DaemonSets and writes it
@@ -40,7 +40,7 @@ func (r *ModuleReconciler) writeStatus(ctx context.Context, s *moduleScope) erro
 			next.Conditions[i].LastTransitionTime = old.LastTransitionTime
 		}
 	}
-	if equality.Semantic.DeepEqual(next, m.Status) {
+	if semantic.Equal(next, m.Status) {
 		return nil
 	}
 	prev := m.Status.Conditions
@@ -125,7 +125,7 @@ func pairCounts(nmc *kmmv1beta1.NodeModulesConfig, m *kmmv1beta1.Module) (kmmv1b
 	if ps == nil {
 		return kmmv1beta1.StateAbsent, desired, 0
 	}
-	if spec != nil && ps.State == kmmv1beta1.StateLoaded && ps.Config != nil && equality.Semantic.DeepEqual(*ps.Config, spec.Config) {
+	if spec != nil && ps.State == kmmv1beta1.StateLoaded && ps.Config != nil && semantic.Equal(*ps.Config, spec.Config) {
 		available = 1
 	}
 	return ps.State, desired, available

@@ -12,7 +12,6 @@ import (
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -25,6 +24,7 @@ import (
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/fsm"
+	"github.com/kmm-project/kmm/internal/semantic"
 	"github.com/kmm-project/kmm/worker"
 )
 
@@ -265,7 +265,7 @@ func (r *NMCReconciler) writeStatus(ctx context.Context, nmc *kmmv1beta1.NodeMod
 		}
 		creates = creates || o.result.Plan.CreateWorker != nil
 	}
-	if equality.Semantic.DeepEqual(next, nmc.Status.Modules) && !creates {
+	if semantic.Equal(next, nmc.Status.Modules) && !creates {
 		return nil
 	}
 	nmc.Status.Modules = next

@@ -1,7 +1,6 @@
 package fsm
 
 import (
-	"regexp"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -77,7 +76,7 @@ func (f *Facts) remainingWorkloads() []WorkloadPod {
 
 func ignored(policy *kmmv1beta1.DrainSpec, namespace string) bool {
 	for _, pattern := range policy.IgnoredNamespacePatterns {
-		if re, err := regexp.Compile(pattern); err == nil && re.MatchString(namespace) {
+		if re, err := compilePattern(pattern); err == nil && re.MatchString(namespace) {
 			return true
 		}
 	}

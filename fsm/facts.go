@@ -3,9 +3,8 @@ package fsm
 import (
 	"time"
 
-	"k8s.io/apimachinery/pkg/api/equality"
-
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/internal/semantic"
 )
 
 // Facts is everything the NMC decision knows about one (node, module) pair, gathered by the
@@ -130,7 +129,7 @@ func (f *Facts) statusKernelMatches() bool {
 
 // needsUnload says whether the loaded config is no longer wanted as it is.
 func (f *Facts) needsUnload() bool {
-	return f.Status.Config != nil && (f.Spec == nil || !equality.Semantic.DeepEqual(f.Spec.Config, *f.Status.Config))
+	return f.Status.Config != nil && (f.Spec == nil || !semantic.Equal(f.Spec.Config, *f.Status.Config))
 }
 
 // rebootedByBootID says whether the node booted since the config was loaded.

@@ -2,7 +2,6 @@ package fsm
 
 import (
 	"fmt"
-	"regexp"
 	"slices"
 
 	"k8s.io/apimachinery/pkg/labels"
@@ -138,7 +137,7 @@ func mappingMatches(km *kmmv1beta1.KernelMapping, v kernel.Version) (bool, error
 	case km.Literal != "":
 		return km.Literal == v.Full, nil
 	case km.Regexp != "":
-		re, err := regexp.Compile(km.Regexp)
+		re, err := compilePattern(km.Regexp)
 		if err != nil {
 			return false, err
 		}

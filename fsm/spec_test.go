@@ -1,6 +1,7 @@
 package fsm
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -111,5 +112,30 @@ func TestResolveEntryReportsAnInvalidMapping(t *testing.T) {
 	m.Spec.ModuleLoader.Container.KernelMappings = []kmmv1beta1.KernelMapping{{Regexp: "(", ContainerImage: "r/x:y"}}
 	if _, reason, err := ResolveEntry(m, "6.1.0"); err == nil || reason != ReasonInvalidSpec {
 		t.Fatalf("ResolveEntry = %v/%v, want InvalidSpec", reason, err)
+	}
+}
+
+func TestCompilePatternCachesAndBounds(t *testing.T) {
+	a, err := compilePattern(`^6\.1\..*$`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := compilePattern(`^6\.1\..*$`)
+	if a != b {
+		t.Error("the same pattern was compiled twice")
+	}
+	if _, err := compilePattern(`(`); err == nil {
+		t.Error("an invalid pattern compiled")
+	}
+	for i := range 2 * maxCachedPatterns {
+		if _, err := compilePattern(fmt.Sprintf("^n%d$", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	patterns.Lock()
+	n := len(patterns.compiled)
+	patterns.Unlock()
+	if n > maxCachedPatterns {
+		t.Errorf("%d patterns cached, want at most %d", n, maxCachedPatterns)
 	}
 }

@@ -4,10 +4,10 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/internal/semantic"
 )
 
 // maxTriggersPerStep bounds the transitions one decision may chain (facts do not change within a
@@ -190,5 +190,5 @@ var triggerMessages = map[Trigger]string{
 
 // sameEntry says whether two spec entries ask for the same thing.
 func sameEntry(a, b kmmv1beta1.NodeModuleSpec) bool {
-	return equality.Semantic.DeepEqual(a.Config, b.Config)
+	return semantic.Equal(a.Config, b.Config)
 }

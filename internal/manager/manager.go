@@ -146,10 +146,7 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 		LeaderElectionID:        LeaderElectionID,
 		LeaderElectionNamespace: o.LeaderElectNamespace,
 		Controller:              config.Controller{SkipNameValidation: ptr.To(o.AllowRestartInProcess)},
-		// kmm reads only its own pods (worker and device plugin pods), not every pod in the cluster.
-		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
-			&corev1.Pod{}: {Label: labels.SelectorFromSet(labels.Set{worker.LabelManagedBy: worker.ManagedBy})},
-		}},
+		Cache:                   cacheOptions(),
 		WebhookServer: webhook.NewServer(webhook.Options{
 			Host:    o.WebhookHost,
 			Port:    o.WebhookPort,
@@ -178,6 +175,30 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 		return nil, fmt.Errorf("adding the readiness check: %w", err)
 	}
 	return mgr, nil
+}
+
+// cacheOptions scope what the operator holds in memory: only its own pods (worker and device
+// plugin pods), not every pod in the cluster; no object's managedFields (nothing reads them, and an
+// NMC written by several Modules carries one entry per Module); no Node's image list.
+func cacheOptions() cache.Options {
+	return cache.Options{
+		DefaultTransform: cache.TransformStripManagedFields(),
+		ByObject: map[client.Object]cache.ByObject{
+			&corev1.Pod{}:  {Label: labels.SelectorFromSet(labels.Set{worker.LabelManagedBy: worker.ManagedBy})},
+			&corev1.Node{}: {Transform: stripNode},
+		},
+	}
+}
+
+// stripNode is the cache transform of Nodes: managedFields and the image list go (a node's list
+// of cached images can be larger than the rest of it; kmm reads labels, taints, conditions and
+// nodeInfo).
+func stripNode(obj any) (any, error) {
+	if n, ok := obj.(*corev1.Node); ok {
+		n.ManagedFields = nil
+		n.Status.Images = nil
+	}
+	return obj, nil
 }
 
 // setupControllers registers the Module→NMC and NMC controllers.

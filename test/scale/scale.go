@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -300,12 +301,18 @@ func (h *harness) runs(phase string) bool {
 	return len(h.o.Phases) == 0 || slices.Contains(h.o.Phases, phase)
 }
 
-// profile saves, in the background, CPU profiles of the operator and of kube-apiserver.
+// profile saves, in the background, CPU profiles of the operator, of kube-apiserver and of the
+// harness itself (with its agent).
 func (h *harness) profile(ctx context.Context, op *operator) {
 	name := fmt.Sprintf("%dx%d.pprof", h.o.Nodes, h.o.Modules)
 	go func() {
 		if err := op.profile(ctx, h.o.ProfileSeconds, filepath.Join(h.o.OutDir, "cpu-"+name)); err != nil {
 			h.sayf("operator CPU profile failed: %v", err)
+		}
+	}()
+	go func() {
+		if err := profileSelf(ctx, h.o.ProfileSeconds, filepath.Join(h.o.OutDir, "harness-cpu-"+name)); err != nil {
+			h.sayf("harness CPU profile failed: %v", err)
 		}
 	}()
 	go func() {
@@ -390,4 +397,22 @@ func (h *harness) workerPods(ctx context.Context) (int, error) {
 	var pods corev1.PodList
 	err := h.cache.List(ctx, &pods, client.MatchingLabels{worker.LabelWorker: "true"}, client.UnsafeDisableDeepCopy)
 	return len(pods.Items), err
+}
+
+// profileSelf saves a CPU profile of this process over seconds to path.
+func profileSelf(ctx context.Context, seconds int, path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return err
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(time.Duration(seconds) * time.Second):
+	}
+	pprof.StopCPUProfile()
+	return f.Close()
 }
