@@ -10,7 +10,6 @@ import (
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -25,7 +24,8 @@ import (
 	"github.com/kmm-project/kmm/worker"
 )
 
-// DefaultInterval is how often the agent looks at every pod and node when no watch event woke it.
+// DefaultInterval is how often the agent looks again, without a watch event, at the pods that wait
+// for time to pass (RunDelay, Hold).
 const DefaultInterval = 50 * time.Millisecond
 
 // Options tune an Agent. The zero value is usable.
@@ -39,8 +39,8 @@ type Options struct {
 	// Deletion and reboots still end a held pod. SetHold replaces it. Like Outcome, it is called
 	// with the agent's lock held: it must be fast and must not call the Agent.
 	Hold func(pod *corev1.Pod) bool
-	// Interval is how often the agent re-examines everything without a watch event (RunDelay,
-	// Hold); zero means DefaultInterval.
+	// Interval is how often the agent looks again, without a watch event, at the pods that wait for
+	// time to pass (RunDelay, Hold) or whose sync failed; zero means DefaultInterval.
 	Interval time.Duration
 	// Clock is the agent's time source; nil means the real clock.
 	Clock clock.WithTicker
@@ -83,6 +83,12 @@ type Agent struct {
 	log    logr.Logger
 	opts   Options
 	wake   chan struct{}
+	// changes is what the informers and the agent's calls reported for the next pass of the loop.
+	changes changes
+
+	// Only the loop (Start) touches these.
+	waiting  podSet    // pods to look at again on the next tick
+	lastFull time.Time // when the loop last looked at everything
 
 	mu       sync.Mutex
 	outcome  OutcomeFunc
@@ -115,6 +121,7 @@ func New(cfg *rest.Config, opts Options) (*Agent, error) {
 	return &Agent{
 		cfg: cfg, scheme: scheme, client: c, clock: opts.Clock, log: opts.Log, opts: opts,
 		wake:    make(chan struct{}, 1),
+		waiting: podSet{},
 		outcome: opts.Outcome, hold: opts.Hold,
 		nodes: map[string]*nodeState{}, seen: map[types.UID]time.Time{},
 		finished: map[types.UID]bool{}, deleted: map[types.UID]bool{},
@@ -132,6 +139,7 @@ func (a *Agent) SetOutcome(f OutcomeFunc) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.outcome = f
+	a.changes.requestFull()
 	a.poke()
 }
 
@@ -140,6 +148,7 @@ func (a *Agent) SetHold(f func(pod *corev1.Pod) bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.hold = f
+	a.changes.requestFull()
 	a.poke()
 }
 
@@ -163,13 +172,16 @@ func (a *Agent) Start(ctx context.Context) error {
 	}
 	ticker := a.clock.NewTicker(a.opts.Interval)
 	defer ticker.Stop()
+	tick := true
 	for {
-		a.syncAll(ctx, c)
+		a.pass(ctx, c, tick)
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-a.wake:
+			tick = false
 		case <-ticker.C():
+			tick = true
 		}
 	}
 }
@@ -178,7 +190,7 @@ func (a *Agent) Start(ctx context.Context) error {
 // part of the operator.
 func (a *Agent) NeedLeaderElection() bool { return false }
 
-// startCache starts informers on worker pods and nodes whose events wake the loop.
+// startCache starts informers on bound pods and on nodes whose events tell the loop what changed.
 func (a *Agent) startCache(ctx context.Context) (cache.Cache, error) {
 	c, err := cache.New(a.cfg, cache.Options{
 		Scheme: a.scheme,
@@ -190,12 +202,12 @@ func (a *Agent) startCache(ctx context.Context) (cache.Cache, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating the agent's cache: %w", err)
 	}
-	handler := toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { a.poke() },
-		UpdateFunc: func(any, any) { a.poke() },
-		DeleteFunc: func(any) { a.poke() },
+	if err := c.IndexField(ctx, &corev1.Pod{}, nodeNameField, podNodeName); err != nil {
+		return nil, fmt.Errorf("indexing pods by node: %w", err)
 	}
-	for _, obj := range []client.Object{&corev1.Pod{}, &corev1.Node{}} {
+	for obj, handler := range map[client.Object]toolscache.ResourceEventHandler{
+		&corev1.Pod{}: a.podHandler(), &corev1.Node{}: a.nodeHandler(),
+	} {
 		inf, err := c.GetInformer(ctx, obj)
 		if err != nil {
 			return nil, fmt.Errorf("watching %T: %w", obj, err)
@@ -220,66 +232,6 @@ func (a *Agent) poke() {
 	select {
 	case a.wake <- struct{}{}:
 	default:
-	}
-}
-
-// syncAll looks at every worker pod and managed node once. Errors are logged and retried on the
-// next pass: every step is idempotent and re-reads the object before writing it.
-func (a *Agent) syncAll(ctx context.Context, c cache.Cache) {
-	// The cached objects are read, never changed: every write re-reads the object first.
-	var pods corev1.PodList
-	if err := c.List(ctx, &pods, client.UnsafeDisableDeepCopy); err != nil {
-		a.log.Error(err, "Listing pods")
-		return
-	}
-	present := make(map[types.UID]bool, len(pods.Items))
-	var parallel []*corev1.Pod
-	selector := workerSelector()
-	for i := range pods.Items {
-		pod := &pods.Items[i]
-		present[pod.UID] = true
-		sync := a.syncPod
-		switch {
-		case !selector.Matches(labels.Set(pod.Labels)):
-			sync = a.syncOtherPod
-		case a.opts.Workers > 1:
-			parallel = append(parallel, pod)
-			continue
-		}
-		if err := sync(ctx, pod); err != nil && ctx.Err() == nil {
-			a.log.Error(err, "Running a worker pod", "namespace", pod.Namespace, "pod", pod.Name, "node", pod.Spec.NodeName)
-		}
-	}
-	a.syncPodsParallel(ctx, parallel)
-	a.forgetPods(present)
-
-	var nodes corev1.NodeList
-	if err := c.List(ctx, &nodes, client.UnsafeDisableDeepCopy); err != nil {
-		a.log.Error(err, "Listing nodes")
-		return
-	}
-	for i := range nodes.Items {
-		if err := a.syncNode(ctx, &nodes.Items[i]); err != nil && ctx.Err() == nil {
-			a.log.Error(err, "Re-asserting a node's status", "node", nodes.Items[i].Name)
-		}
-	}
-}
-
-// forgetPods drops the bookkeeping of pods that no longer exist.
-func (a *Agent) forgetPods(present map[types.UID]bool) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for _, m := range []map[types.UID]bool{a.finished, a.deleted} {
-		for uid := range m {
-			if !present[uid] {
-				delete(m, uid)
-			}
-		}
-	}
-	for uid := range a.seen {
-		if !present[uid] {
-			delete(a.seen, uid)
-		}
 	}
 }
 

@@ -55,6 +55,7 @@ func (a *Agent) AddNode(ctx context.Context, name, kernel string, labels map[str
 	st := &nodeState{name: name, kernel: kernel, bootID: newBootID(), ready: true, readySince: a.now(),
 		loaded: map[string]kmmv1beta1.ModuleConfig{}}
 	a.nodes[name] = st
+	a.wakeNode(name)
 	if err := a.writeNodeStatus(ctx, st); err != nil {
 		return err
 	}
@@ -138,7 +139,7 @@ func (a *Agent) SetReady(ctx context.Context, node string, ready bool) error {
 	if st.ready != ready {
 		st.ready, st.readySince = ready, a.now()
 	}
-	a.poke()
+	a.wakeNode(node)
 	return a.writeNodeStatus(ctx, st)
 }
 
@@ -150,6 +151,13 @@ func (a *Agent) BootID(node string) string {
 		return st.bootID
 	}
 	return ""
+}
+
+// wakeNode has the loop look at the pods of node, whose state the agent changed: pods it left
+// alone while the node was NotReady or not managed may now run.
+func (a *Agent) wakeNode(node string) {
+	a.changes.wake(node)
+	a.poke()
 }
 
 // managed returns the state of a node the agent manages.
@@ -172,6 +180,7 @@ func (a *Agent) reboot(ctx context.Context, st *nodeState) error {
 	oldBootID := st.bootID
 	st.bootID, st.ready, st.readySince = newBootID(), true, a.now()
 	st.loaded = map[string]kmmv1beta1.ModuleConfig{}
+	a.wakeNode(st.name)
 	if err := a.writeNodeStatus(ctx, st); err != nil {
 		return err
 	}
@@ -185,7 +194,6 @@ func (a *Agent) reboot(ctx context.Context, st *nodeState) error {
 			errs = append(errs, err)
 		}
 	}
-	a.poke()
 	return errors.Join(errs...)
 }
 
@@ -200,7 +208,8 @@ func (a *Agent) syncNode(ctx context.Context, node *corev1.Node) error {
 	return a.writeNodeStatus(ctx, st)
 }
 
-// writeNodeStatus makes the Node's status say what st says.
+// writeNodeStatus makes the Node's status say what st says. When it fails, the next pass of the
+// loop tries again.
 func (a *Agent) writeNodeStatus(ctx context.Context, st *nodeState) error {
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		var node corev1.Node
@@ -211,6 +220,7 @@ func (a *Agent) writeNodeStatus(ctx context.Context, st *nodeState) error {
 		return a.client.Status().Update(ctx, &node)
 	})
 	if err != nil {
+		a.changes.nodeChanged(st.name)
 		return fmt.Errorf("updating the status of node %s: %w", st.name, err)
 	}
 	return nil

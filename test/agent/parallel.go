@@ -7,19 +7,26 @@ import (
 	corev1 "k8s.io/api/core/v1"
 )
 
-// syncPodsParallel ends worker pods with Options.Workers goroutines; each pod is handled by one
-// goroutine, and the call returns when every pod was handled.
-func (a *Agent) syncPodsParallel(ctx context.Context, pods []*corev1.Pod) {
+// syncPodsParallel moves worker pods along with Options.Workers goroutines; each pod is handled by
+// one goroutine, and the call returns, when every pod was handled, those that need another look
+// (see syncOne).
+func (a *Agent) syncPodsParallel(ctx context.Context, pods []*corev1.Pod) []*corev1.Pod {
 	if len(pods) == 0 {
-		return
+		return nil
 	}
 	work := make(chan *corev1.Pod)
-	var wg sync.WaitGroup
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		again []*corev1.Pod
+	)
 	for range min(a.opts.Workers, len(pods)) {
 		wg.Go(func() {
 			for pod := range work {
-				if err := a.syncPodUnlocked(ctx, pod); err != nil && ctx.Err() == nil {
-					a.log.Error(err, "Running a worker pod", "namespace", pod.Namespace, "pod", pod.Name, "node", pod.Spec.NodeName)
+				if a.syncOne(ctx, pod, a.syncPodUnlocked) {
+					mu.Lock()
+					again = append(again, pod)
+					mu.Unlock()
 				}
 			}
 		})
@@ -29,6 +36,7 @@ func (a *Agent) syncPodsParallel(ctx context.Context, pods []*corev1.Pod) {
 	}
 	close(work)
 	wg.Wait()
+	return again
 }
 
 // syncPodUnlocked is syncPod with the API writes made without the agent's lock: the decisions and

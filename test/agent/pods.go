@@ -7,7 +7,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -23,10 +22,8 @@ const (
 	reasonError     = "Error"
 )
 
-// workerSelector selects worker pods.
-func workerSelector() labels.Selector {
-	return labels.SelectorFromSet(labels.Set{worker.LabelWorker: "true"})
-}
+// isWorkerPod says whether pod is a worker pod (label worker.LabelWorker=true).
+func isWorkerPod(pod *corev1.Pod) bool { return pod.Labels[worker.LabelWorker] == "true" }
 
 // isTerminal says whether pod has ended.
 func isTerminal(pod *corev1.Pod) bool {
@@ -58,6 +55,18 @@ func (a *Agent) syncPod(ctx context.Context, pod *corev1.Pod) error {
 		return a.markRunning(ctx, pod)
 	}
 	return a.runPod(ctx, st, pod)
+}
+
+// waits says whether pod is a worker pod that the agent saw runnable but did not end: it is held
+// (Options.Hold) or runs for Options.RunDelay, so it needs a look again as time passes.
+func (a *Agent) waits(pod *corev1.Pod) bool {
+	if !isWorkerPod(pod) || pod.DeletionTimestamp != nil || isTerminal(pod) {
+		return false
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	_, seen := a.seen[pod.UID]
+	return seen && !a.finished[pod.UID]
 }
 
 // runPod ends pod with the outcome of its run and applies the run to the simulated kernel.
