@@ -118,7 +118,8 @@ type harness struct {
 	o            Options
 	env          *envtest.Env
 	kubeconfig   string
-	k8s          client.Client
+	k8s          client.Client // reads from cache
+	api          client.Client // reads from the API server
 	cache        cache.Cache
 	agent        *agent.Agent
 	apiserver    *http.Client
@@ -220,7 +221,9 @@ func (h *harness) startCache(ctx context.Context, cfg *rest.Config) error {
 	if err != nil {
 		return err
 	}
-	for _, obj := range []client.Object{&kmmv1beta1.NodeModulesConfig{}, &kmmv1beta1.Module{}, &corev1.Pod{}} {
+	// No pod informer: every pod event would be sent and decoded once more on the shared cores;
+	// workerPods lists them when it needs to.
+	for _, obj := range []client.Object{&kmmv1beta1.NodeModulesConfig{}, &kmmv1beta1.Module{}} {
 		if _, err := c.GetInformer(ctx, obj); err != nil {
 			return err
 		}
@@ -230,6 +233,9 @@ func (h *harness) startCache(ctx context.Context, cfg *rest.Config) error {
 		return errors.New("the harness's cache did not sync")
 	}
 	h.cache = c
+	if h.api, err = client.New(cfg, client.Options{Scheme: scheme}); err != nil {
+		return err
+	}
 	h.k8s, err = client.New(cfg, client.Options{Scheme: scheme, Cache: &client.CacheOptions{Reader: c}})
 	return err
 }
@@ -387,15 +393,16 @@ func (h *harness) waitLoaded(ctx context.Context, suffix string) error {
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("%d of %d pairs Loaded: %w", n, want, ctx.Err())
-		case <-time.After(50 * time.Millisecond):
+		case <-time.After(100 * time.Millisecond):
 		}
 	}
 }
 
-// workerPods counts the worker pods left.
+// workerPods counts the worker pods left (a LIST of their metadata from the API server).
 func (h *harness) workerPods(ctx context.Context) (int, error) {
-	var pods corev1.PodList
-	err := h.cache.List(ctx, &pods, client.MatchingLabels{worker.LabelWorker: "true"}, client.UnsafeDisableDeepCopy)
+	pods := &metav1.PartialObjectMetadataList{}
+	pods.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("PodList"))
+	err := h.api.List(ctx, pods, client.MatchingLabels{worker.LabelWorker: "true"})
 	return len(pods.Items), err
 }
 
