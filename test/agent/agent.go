@@ -168,6 +168,9 @@ func (a *Agent) Start(ctx context.Context) error {
 	defer cancel()
 	c, err := a.startCache(ctx)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped before the watches were up (a short test run)
+		}
 		return err
 	}
 	ticker := a.clock.NewTicker(a.opts.Interval)

@@ -46,3 +46,28 @@ func TestEventsAreCollectedForTheNextPass(t *testing.T) {
 		t.Errorf("a tombstone without a pod: pending = %+v, want a full pass", p)
 	}
 }
+
+func TestRemovedByAPIServer(t *testing.T) {
+	zero, thirty := int64(0), int64(30)
+	pod := func(phase corev1.PodPhase, grace *int64, finalizers ...string) *corev1.Pod {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{DeletionGracePeriodSeconds: grace, Finalizers: finalizers}}
+		p.Status.Phase = phase
+		return p
+	}
+	tests := []struct {
+		name string
+		pod  *corev1.Pod
+		want bool
+	}{
+		{"ended, grace 0", pod(corev1.PodSucceeded, &zero), true},
+		{"failed, grace 0", pod(corev1.PodFailed, &zero), true},
+		{"running", pod(corev1.PodRunning, &thirty), false},
+		{"ended with a finalizer", pod(corev1.PodSucceeded, &zero, "example.com/stuck"), false},
+		{"ended, not deleted", pod(corev1.PodSucceeded, nil), false},
+	}
+	for _, tt := range tests {
+		if got := removedByAPIServer(tt.pod); got != tt.want {
+			t.Errorf("%s: removedByAPIServer = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}

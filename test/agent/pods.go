@@ -155,6 +155,9 @@ func (a *Agent) confirmDeletion(ctx context.Context, st *nodeState, pod *corev1.
 // deletePod deletes pod with grace period 0, as a kubelet confirms a deletion; a pod already gone
 // or replaced is not an error.
 func (a *Agent) deletePod(ctx context.Context, pod *corev1.Pod) error {
+	if removedByAPIServer(pod) {
+		return nil
+	}
 	uid := pod.UID
 	err := a.client.Delete(ctx, pod, client.GracePeriodSeconds(0), client.Preconditions{UID: &uid})
 	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
@@ -343,4 +346,12 @@ func isReady(pod *corev1.Pod) bool {
 func ptrTrue() *bool {
 	t := true
 	return &t
+}
+
+// removedByAPIServer says whether the API server removes pod by itself: a pod that had ended when it
+// was deleted gets grace period 0 and, without finalizers, is gone within the same request (the
+// deletion the agent sees is its last update). Confirming it would only earn a NotFound.
+func removedByAPIServer(pod *corev1.Pod) bool {
+	g := pod.DeletionGracePeriodSeconds
+	return isTerminal(pod) && g != nil && *g == 0 && len(pod.Finalizers) == 0
 }
