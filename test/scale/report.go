@@ -63,6 +63,7 @@ func (r *Result) PrintTable(w io.Writer) {
 			p.OperatorWrites, p.WritesPerPair, p.WritesPerPairNoEvents, rec, p.CPUSeconds, p.CPUPerReconcileMicros, p.PeakRSSMiB)
 	}
 	_ = tw.Flush()
+	_, _ = fmt.Fprintf(w, "one NMC after the load: %d bytes of JSON (managedFields included)\n", r.NMCBytes)
 	for _, p := range r.Phases {
 		_, _ = fmt.Fprintf(w, "operator requests, %s: %s\n", p.Name, p.OperatorRequests)
 		_, _ = fmt.Fprintf(w, "harness+agent requests, %s: %s\n", p.Name, p.HarnessRequests.writesOnly())

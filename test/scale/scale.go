@@ -12,6 +12,7 @@ package scale
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -77,6 +78,8 @@ type Result struct {
 	Machine Machine  `json:"machine"`
 	Args    []string `json:"operatorArgs"`
 	Phases  []Phase  `json:"phases"`
+	// NMCBytes is the JSON size of one NMC as stored (managedFields included) after the load.
+	NMCBytes int `json:"nmcBytes"`
 }
 
 // Phase is what one phase measured.
@@ -265,7 +268,10 @@ func (h *harness) phases(ctx context.Context, res *Result) error {
 		return h.waitLoaded(ctx, "")
 	})
 	res.Phases = append(res.Phases, p)
-	if err != nil || !h.runs("resync") {
+	if err != nil {
+		return err
+	}
+	if res.NMCBytes, err = h.nmcBytes(ctx); err != nil || !h.runs("resync") {
 		return err
 	}
 
@@ -300,6 +306,25 @@ func (h *harness) phases(ctx context.Context, res *Result) error {
 	})
 	res.Phases = append(res.Phases, p)
 	return err
+}
+
+// nmcBytes is the JSON size of the first node's NMC read from the API server; the NMC itself is
+// saved, indented, to OutDir/nmc-<N>x<M>.json.
+func (h *harness) nmcBytes(ctx context.Context) (int, error) {
+	nmc := &kmmv1beta1.NodeModulesConfig{}
+	if err := h.api.Get(ctx, client.ObjectKey{Name: h.nodes[0]}, nmc); err != nil {
+		return 0, err
+	}
+	data, err := json.MarshalIndent(nmc, "", "  ")
+	if err != nil {
+		return 0, err
+	}
+	path := filepath.Join(h.o.OutDir, fmt.Sprintf("nmc-%dx%d.json", h.o.Nodes, h.o.Modules))
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		return 0, err
+	}
+	compact, err := json.Marshal(nmc)
+	return len(compact), err
 }
 
 // runs says whether the run includes phase.
