@@ -92,7 +92,7 @@ func mayDrain(f *fsm.Facts) bool {
 	if st.State != fsm.Loaded || st.Config == nil {
 		return false
 	}
-	return f.Node.UpgradeTarget != "" || f.Spec == nil || !semantic.Equal(f.Spec.Config, *st.Config)
+	return f.Node.UpgradeTarget != "" || f.Spec == nil || !semantic.Equal(&f.Spec.Config, st.Config)
 }
 
 func (r *NMCReconciler) pdbsFor(ctx context.Context, pods []corev1.Pod) ([]policyv1.PodDisruptionBudget, error) {

@@ -94,7 +94,7 @@ func nmcEvents() handler.Funcs {
 func nodeLabelsOrKernelChanged() predicate.Predicate {
 	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
 		o, n := e.ObjectOld.(*corev1.Node), e.ObjectNew.(*corev1.Node)
-		return !semantic.Equal(o.Labels, n.Labels) || o.Status.NodeInfo.KernelVersion != n.Status.NodeInfo.KernelVersion
+		return !semantic.Equal(&o.Labels, &n.Labels) || o.Status.NodeInfo.KernelVersion != n.Status.NodeInfo.KernelVersion
 	}}
 }
 
@@ -205,7 +205,7 @@ func (r *ModuleReconciler) syncSpecs(ctx context.Context, s *moduleScope, log lo
 		d := s.decisions[n.Name]
 		current := specEntry(s.nmcs[n.Name], s.module.Namespace, s.module.Name)
 		switch {
-		case d.Action == fsm.SpecUpdate && (current == nil || !semantic.Equal(*current, *d.Entry)):
+		case d.Action == fsm.SpecUpdate && (current == nil || !semantic.Equal(current, d.Entry)):
 			log.Info("Writing NMC spec entry", "node", n.Name, "image", d.Entry.Config.ContainerImage, "kernel", d.Entry.Config.KernelVersion)
 			applies = append(applies, func() error { return r.applyEntry(ctx, n, s.module, d.Entry) })
 		case d.Action == fsm.SpecDelete && current != nil:

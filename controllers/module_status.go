@@ -40,7 +40,7 @@ func (r *ModuleReconciler) writeStatus(ctx context.Context, s *moduleScope) erro
 			next.Conditions[i].LastTransitionTime = old.LastTransitionTime
 		}
 	}
-	if semantic.Equal(next, m.Status) {
+	if semantic.Equal(&next, &m.Status) {
 		return nil
 	}
 	prev := m.Status.Conditions
@@ -125,7 +125,7 @@ func pairCounts(nmc *kmmv1beta1.NodeModulesConfig, m *kmmv1beta1.Module) (kmmv1b
 	if ps == nil {
 		return kmmv1beta1.StateAbsent, desired, 0
 	}
-	if spec != nil && ps.State == kmmv1beta1.StateLoaded && ps.Config != nil && semantic.Equal(*ps.Config, spec.Config) {
+	if spec != nil && ps.State == kmmv1beta1.StateLoaded && ps.Config != nil && semantic.Equal(ps.Config, &spec.Config) {
 		available = 1
 	}
 	return ps.State, desired, available

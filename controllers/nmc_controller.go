@@ -265,7 +265,7 @@ func (r *NMCReconciler) writeStatus(ctx context.Context, nmc *kmmv1beta1.NodeMod
 		}
 		creates = creates || o.result.Plan.CreateWorker != nil
 	}
-	if semantic.Equal(next, nmc.Status.Modules) && !creates {
+	if semantic.Equal(&next, &nmc.Status.Modules) && !creates {
 		return nil
 	}
 	nmc.Status.Modules = next
@@ -277,8 +277,11 @@ func (r *NMCReconciler) writeStatus(ctx context.Context, nmc *kmmv1beta1.NodeMod
 // (see moduleEvent): at 1,000 nodes an Event per node and transition would flood it.
 func (r *NMCReconciler) record(f *nodeFacts, outcomes []pairOutcome) {
 	for _, o := range outcomes {
-		ns, name, _ := strings.Cut(o.key, "/")
-		module := &kmmv1beta1.Module{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+		var module *kmmv1beta1.Module
+		if len(o.result.Fired) > 0 {
+			ns, name, _ := strings.Cut(o.key, "/")
+			module = &kmmv1beta1.Module{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+		}
 		for _, t := range o.result.Fired {
 			transitionsTotal.WithLabelValues(string(t.From), string(t.To), t.Trigger).Inc()
 			note := fmt.Sprintf("%s on %s: %s -> %s (%s)", o.key, f.node.Name, t.From, t.To, o.result.Status.Message)

@@ -129,7 +129,7 @@ func (f *Facts) statusKernelMatches() bool {
 
 // needsUnload says whether the loaded config is no longer wanted as it is.
 func (f *Facts) needsUnload() bool {
-	return f.Status.Config != nil && (f.Spec == nil || !semantic.Equal(f.Spec.Config, *f.Status.Config))
+	return f.Status.Config != nil && (f.Spec == nil || !semantic.Equal(&f.Spec.Config, f.Status.Config))
 }
 
 // rebootedByBootID says whether the node booted since the config was loaded.

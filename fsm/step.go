@@ -190,5 +190,5 @@ var triggerMessages = map[Trigger]string{
 
 // sameEntry says whether two spec entries ask for the same thing.
 func sameEntry(a, b kmmv1beta1.NodeModuleSpec) bool {
-	return semantic.Equal(a.Config, b.Config)
+	return semantic.Equal(&a.Config, &b.Config)
 }

@@ -28,7 +28,7 @@ func TestEqualIsSemantic(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := Equal(tt.a, tt.b); got != tt.want {
+			if got := Equal(&tt.a, &tt.b); got != tt.want {
 				t.Errorf("Equal = %v, want %v", got, tt.want)
 			}
 		})
@@ -44,7 +44,7 @@ func BenchmarkEqualStatus(b *testing.B) {
 	}
 	next := append([]kmmv1beta1.NodeModuleStatus(nil), st...)
 	for b.Loop() {
-		if !Equal(next, st) {
+		if !Equal(&next, &st) {
 			b.Fatal("not equal")
 		}
 	}
