@@ -47,7 +47,7 @@ func BenchmarkNoOpReconcile10Modules(b *testing.B) {
 				b.Fatal(o.key, o.result.Fired)
 			}
 		}
-		if err := r.writeStatus(ctx, f.nmc, outcomes); err != nil {
+		if err := r.writeStatus(ctx, f, outcomes); err != nil {
 			b.Fatal(err)
 		}
 		if err := r.patchLabels(ctx, f, outcomes); err != nil {
@@ -126,9 +126,10 @@ func noOpFixture() (*kmmv1beta1.NodeModulesConfig, *corev1.Node, []kmmv1beta1.Mo
 	return nmc, node, modules, t0
 }
 
-// memCache reads as controller-runtime's cache does: Get returns a deep copy, List (always asked
-// with UnsafeDisableDeepCopy by the reconciler) the stored objects. It leaves out the cache's
-// index lookup and label matching. Writes go to the embedded nil client.Client and panic.
+// memCache reads as controller-runtime's cache does: Get returns a deep copy unless asked with
+// UnsafeDisableDeepCopy, List (always asked so by the reconciler) the stored objects. It leaves out
+// the cache's index lookup and label matching. Writes go to the embedded nil client.Client and
+// panic.
 type memCache struct {
 	client.Client
 	nmc     *kmmv1beta1.NodeModulesConfig
@@ -136,12 +137,23 @@ type memCache struct {
 	modules []kmmv1beta1.Module
 }
 
-func (c *memCache) Get(_ context.Context, _ client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
-	switch o := obj.(type) {
+func (c *memCache) Get(_ context.Context, _ client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	var o client.GetOptions
+	o.ApplyOptions(opts)
+	shared := o.UnsafeDisableDeepCopy != nil && *o.UnsafeDisableDeepCopy
+	switch out := obj.(type) {
 	case *kmmv1beta1.NodeModulesConfig:
-		c.nmc.DeepCopyInto(o)
+		if shared {
+			*out = *c.nmc
+		} else {
+			c.nmc.DeepCopyInto(out)
+		}
 	case *corev1.Node:
-		c.node.DeepCopyInto(o)
+		if shared {
+			*out = *c.node
+		} else {
+			c.node.DeepCopyInto(out)
+		}
 	default:
 		return fmt.Errorf("unexpected Get of a %T", obj)
 	}

@@ -128,7 +128,7 @@ func protected(p *corev1.Pod, pdbs []policyv1.PodDisruptionBudget) bool {
 // escalation per pod), uncordon, and the drain-timeout gauge.
 func (r *NMCReconciler) executeDrain(ctx context.Context, f *nodeFacts, key string, p fsm.Plan) error {
 	if p.Uncordon {
-		return r.setUnschedulable(ctx, f.node, false)
+		return r.setUnschedulable(ctx, f, false)
 	}
 	d := p.Drain
 	if d == nil {
@@ -136,7 +136,7 @@ func (r *NMCReconciler) executeDrain(ctx context.Context, f *nodeFacts, key stri
 	}
 	var errs []error
 	if d.Cordon {
-		errs = append(errs, r.setUnschedulable(ctx, f.node, true))
+		errs = append(errs, r.setUnschedulable(ctx, f, true))
 	}
 	for _, w := range d.Evict {
 		errs = append(errs, r.evict(ctx, w))
@@ -179,12 +179,12 @@ func (r *NMCReconciler) escalationEvent(f *nodeFacts, key string, w fsm.Workload
 	r.Recorder.Eventf(workloadPod(w), f.nmc, corev1.EventTypeWarning, "Drain"+action, strategy, note)
 }
 
-func (r *NMCReconciler) setUnschedulable(ctx context.Context, node *corev1.Node, cordon bool) error {
-	if node.Spec.Unschedulable == cordon {
+func (r *NMCReconciler) setUnschedulable(ctx context.Context, f *nodeFacts, cordon bool) error {
+	if f.node.Spec.Unschedulable == cordon {
 		return nil
 	}
 	patch := fmt.Sprintf(`{"spec":{"unschedulable":%t}}`, cordon)
-	return r.Client.Patch(ctx, node, client.RawPatch(types.MergePatchType, []byte(patch)))
+	return r.Client.Patch(ctx, f.writableNode(), client.RawPatch(types.MergePatchType, []byte(patch)))
 }
 
 func workloadPod(w fsm.WorkloadPod) *corev1.Pod {

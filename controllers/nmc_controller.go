@@ -83,14 +83,34 @@ func (r *NMCReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Complete(r)
 }
 
-// nodeFacts is everything read for one reconcile.
+// nodeFacts is everything read for one reconcile. The NMC and the Node are the cache's own
+// objects until a write needs them (writableNMC, writableNode): a no-op reconcile copies nothing.
 type nodeFacts struct {
 	nmc        *kmmv1beta1.NodeModulesConfig
 	node       *corev1.Node
+	nmcCopied  bool
+	nodeCopied bool
 	workers    map[string]*corev1.Pod // by module key
 	dpRunning  map[string]bool        // by module key
 	modulesSet map[string]bool        // module keys whose Module exists and is not being deleted
 	drains     map[string]*kmmv1beta1.DrainSpec
+}
+
+// writableNMC returns the NMC to write: a copy of the cached one, made once.
+func (f *nodeFacts) writableNMC() *kmmv1beta1.NodeModulesConfig {
+	if !f.nmcCopied {
+		f.nmc, f.nmcCopied = f.nmc.DeepCopy(), true
+	}
+	return f.nmc
+}
+
+// writableNode returns the Node to patch (the client decodes the answer into it): a copy of the
+// cached one, made once.
+func (f *nodeFacts) writableNode() *corev1.Node {
+	if !f.nodeCopied {
+		f.node, f.nodeCopied = f.node.DeepCopy(), true
+	}
+	return f.node
 }
 
 // pairOutcome is the decision for one pair with what the reconciler needs to carry it out.
@@ -112,7 +132,7 @@ func (r *NMCReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	if err := r.writeStatus(ctx, f.nmc, outcomes); err != nil {
+	if err := r.writeStatus(ctx, f, outcomes); err != nil {
 		// A conflict means the NMC changed since it was read: the error requeues with back-off and the
 		// next reconcile decides on fresh facts.
 		return ctrl.Result{}, err
@@ -130,14 +150,14 @@ func (r *NMCReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 func (r *NMCReconciler) gather(ctx context.Context, name string) (*nodeFacts, error) {
 	f := &nodeFacts{nmc: &kmmv1beta1.NodeModulesConfig{}, node: &corev1.Node{}, workers: map[string]*corev1.Pod{},
 		dpRunning: map[string]bool{}, modulesSet: map[string]bool{}}
-	if err := r.Client.Get(ctx, client.ObjectKey{Name: name}, f.nmc); err != nil {
+	// Everything is read as the cache holds it, without copies (this runs for every event on every
+	// node); the writes copy the NMC or the Node first (writableNMC, writableNode).
+	if err := r.Client.Get(ctx, client.ObjectKey{Name: name}, f.nmc, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, err
 	}
-	if err := r.Client.Get(ctx, client.ObjectKey{Name: name}, f.node); err != nil {
+	if err := r.Client.Get(ctx, client.ObjectKey{Name: name}, f.node, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, err
 	}
-	// The pods and Modules are only read (the cache's own objects, not copies: this runs for every
-	// event on every node); the NMC and the Node are copies because the writes update them.
 	pods := &corev1.PodList{}
 	if err := r.Client.List(ctx, pods, client.MatchingLabels{worker.LabelManagedBy: worker.ManagedBy},
 		client.MatchingFields{worker.PodNodeNameField: name}, client.UnsafeDisableDeepCopy); err != nil {
@@ -256,7 +276,7 @@ func pairKeys(f *nodeFacts) []string {
 
 // writeStatus writes the NMC status once when it changed, or when a pod is about to be created (a
 // write with the read resourceVersion proves the decision was made on fresh data).
-func (r *NMCReconciler) writeStatus(ctx context.Context, nmc *kmmv1beta1.NodeModulesConfig, outcomes []pairOutcome) error {
+func (r *NMCReconciler) writeStatus(ctx context.Context, f *nodeFacts, outcomes []pairOutcome) error {
 	next := make([]kmmv1beta1.NodeModuleStatus, 0, len(outcomes))
 	creates := false
 	for _, o := range outcomes {
@@ -265,9 +285,10 @@ func (r *NMCReconciler) writeStatus(ctx context.Context, nmc *kmmv1beta1.NodeMod
 		}
 		creates = creates || o.result.Plan.CreateWorker != nil
 	}
-	if semantic.Equal(&next, &nmc.Status.Modules) && !creates {
+	if semantic.Equal(&next, &f.nmc.Status.Modules) && !creates {
 		return nil
 	}
+	nmc := f.writableNMC()
 	nmc.Status.Modules = next
 	return r.Client.Status().Update(ctx, nmc)
 }
@@ -310,11 +331,13 @@ func observeFinishedPod(p *corev1.Pod) {
 
 // execute carries out the plans: node labels, finished pods, new pods.
 func (r *NMCReconciler) execute(ctx context.Context, f *nodeFacts, outcomes []pairOutcome, log logr.Logger) error {
+	// A failed label patch does not hold back the rest: the pods and the drain go on, and the
+	// error requeues the node.
+	var errs []error
 	if err := r.patchLabels(ctx, f, outcomes); err != nil {
-		return fmt.Errorf("labelling node %s: %w", f.node.Name, err)
+		errs = append(errs, fmt.Errorf("labelling node %s: %w", f.node.Name, err))
 	}
 	setDrainGauge(f.node.Name, outcomes)
-	var errs []error
 	for _, o := range outcomes {
 		p := o.result.Plan
 		errs = append(errs, r.executeDrain(ctx, f, o.key, p))
@@ -385,7 +408,7 @@ func (r *NMCReconciler) patchLabels(ctx context.Context, f *nodeFacts, outcomes 
 	if len(patch) == 0 {
 		return nil
 	}
-	return r.Client.Patch(ctx, f.node, client.RawPatch(types.MergePatchType, labelsPatch(patch)))
+	return r.Client.Patch(ctx, f.writableNode(), client.RawPatch(types.MergePatchType, labelsPatch(patch)))
 }
 
 // isKMMStateLabel says whether a node label key is a ready or version.ready label of kmm.

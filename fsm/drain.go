@@ -83,6 +83,11 @@ func ignored(policy *kmmv1beta1.DrainSpec, namespace string) bool {
 	return false
 }
 
+// uncordonPending says whether a finished drain's cordon is still on the node.
+func uncordonPending(st *kmmv1beta1.NodeModuleStatus, f *Facts) bool {
+	return (st.State == Loaded || st.State == Absent) && st.Drain != nil && st.Drain.CordonedByKMM && !f.Node.Schedulable
+}
+
 // planDrain escalates through the strategies of seed 004 as the timeouts pass since the drain started.
 func planDrain(f *Facts) *DrainPlan {
 	if !f.draining() {
@@ -135,13 +140,16 @@ func strongest(a, b string) string {
 }
 
 // recordDrain keeps the drain's record in the status entry: started on entering
-// DevicePluginDraining, strongest strategy and cordon remembered, cleared once Loaded again.
+// DevicePluginDraining, strongest strategy and cordon remembered, cleared once Loaded (or Absent)
+// again, but not before the node shows kmm's cordon lifted: an uncordon that failed is retried.
 func recordDrain(st *kmmv1beta1.NodeModuleStatus, f *Facts, plan *DrainPlan) {
 	switch {
 	case st.State == DevicePluginDraining && f.Drain.Policy != nil && st.Drain == nil:
 		st.Drain = &kmmv1beta1.DrainStatus{StartTime: metav1.NewTime(f.Now)}
 	case st.State == Loaded || st.State == Absent:
-		st.Drain = nil
+		if !uncordonPending(st, f) {
+			st.Drain = nil
+		}
 		return
 	}
 	if st.Drain == nil || plan == nil {

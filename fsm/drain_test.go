@@ -94,7 +94,55 @@ func TestUncordonOnceTheNewVersionIsLoaded(t *testing.T) {
 	f := facts(v2, st, node)
 	f.Worker = Worker{Phase: PodSucceeded, Action: ActionLoad, Entry: *v2, Result: WorkerResult{BootID: "b1"}}
 	r := check(t, f, want{state: Loaded, delete: true, ready: true})
-	if !r.Plan.Uncordon || r.Status.Drain != nil {
-		t.Fatalf("uncordon %v drain %+v", r.Plan.Uncordon, r.Status.Drain)
+	if !r.Plan.Uncordon || r.Status.Drain == nil || !r.Status.Drain.CordonedByKMM {
+		t.Fatalf("uncordon %v drain %+v: want an uncordon, the record kept until the node shows it", r.Plan.Uncordon, r.Status.Drain)
+	}
+
+	// The uncordon failed (or the cache has not seen it yet): the next reconcile asks again.
+	f = facts(v2, *r.Status, node)
+	r = Step(f)
+	if !r.Plan.Uncordon || r.Status.Drain == nil || len(r.Fired) != 0 {
+		t.Fatalf("after a failed uncordon: uncordon %v drain %+v fired %v", r.Plan.Uncordon, r.Status.Drain, r.Fired)
+	}
+
+	// The node shows the cordon lifted: the record goes, nothing more to do.
+	node.Schedulable = true
+	f = facts(v2, *r.Status, node)
+	r = Step(f)
+	if r.Plan.Uncordon || r.Status.Drain != nil {
+		t.Fatalf("once uncordoned: uncordon %v drain %+v", r.Plan.Uncordon, r.Status.Drain)
+	}
+}
+
+func TestUncordonPendingKeepsTheEntryOfAnUnloadedPair(t *testing.T) {
+	st := kmmv1beta1.NodeModuleStatus{State: Absent, Drain: &kmmv1beta1.DrainStatus{StartTime: metav1.NewTime(t0), CordonedByKMM: true}}
+	node := readyNode(k1)
+	node.Schedulable = false
+	r := Step(facts(nil, st, node))
+	if !r.Plan.Uncordon || r.Status == nil || r.Status.Drain == nil {
+		t.Fatalf("uncordon %v status %+v: want the uncordon and the entry kept", r.Plan.Uncordon, r.Status)
+	}
+	node.Schedulable = true
+	if r = Step(facts(nil, *r.Status, node)); r.Plan.Uncordon || r.Status != nil {
+		t.Fatalf("uncordon %v status %+v: want the entry gone once the node is uncordoned", r.Plan.Uncordon, r.Status)
+	}
+}
+
+func TestNewUpgradeWhileTheCordonIsPendingStartsAFreshDrain(t *testing.T) {
+	v2 := entry(k1, "r/m:v2", "v2")
+	old := metav1.NewTime(t0.Add(-time.Hour))
+	st := kmmv1beta1.NodeModuleStatus{State: Loaded, Config: &entry(k1, "r/m:v2", "v2").Config, BootID: "b1",
+		Drain: &kmmv1beta1.DrainStatus{StartTime: old, LastStrategy: "ForceDeletePDB", CordonedByKMM: true}}
+	node := readyNode(k1)
+	node.Schedulable, node.UpgradeTarget = false, "v3"
+	f := facts(v2, st, node)
+	f.Drain = DrainFacts{Policy: &kmmv1beta1.DrainSpec{TimeoutSeconds: 60}, NodeCordoned: true}
+	r := Step(f)
+	if r.Status.State != DevicePluginDraining {
+		t.Fatalf("state %s, want %s (fired %v)", r.Status.State, DevicePluginDraining, r.Fired)
+	}
+	d := r.Status.Drain
+	if d == nil || !d.StartTime.Equal(&metav1.Time{Time: t0}) || !d.CordonedByKMM || d.LastStrategy == "ForceDeletePDB" {
+		t.Fatalf("drain %+v: want a fresh start at %v that remembers kmm's cordon", d, t0)
 	}
 }

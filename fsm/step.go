@@ -81,7 +81,6 @@ func Step(f Facts) Result {
 		tr := record(&st, t, to, &f)
 		res.Fired = append(res.Fired, tr)
 	}
-	wasCordoned := f.Status.Drain != nil && f.Status.Drain.CordonedByKMM
 	recordDrain(&st, &f, nil)
 	f.Status = st
 	drain := planDrain(&f)
@@ -92,8 +91,8 @@ func Step(f Facts) Result {
 	if drain != nil && (res.Plan.RequeueAfter == 0 || res.Plan.RequeueAfter > drainPoll) {
 		res.Plan.RequeueAfter = drainPoll // workload pods are not watched: look again soon
 	}
-	res.Plan.Uncordon = wasCordoned && st.Drain == nil
-	if st.State != Absent || f.Spec != nil || f.Worker.Phase == PodRunning {
+	res.Plan.Uncordon = uncordonPending(&st, &f)
+	if st.State != Absent || f.Spec != nil || f.Worker.Phase == PodRunning || st.Drain != nil {
 		res.Status = &st
 	}
 	return res
@@ -117,6 +116,11 @@ func record(st *kmmv1beta1.NodeModuleStatus, t Trigger, to State, f *Facts) kmmv
 	}
 	// A reload after a Ready transition (seed 000's rule 5) keeps the record: the old config may
 	// still be loaded, so a different spec must unload it first.
+	if to == DevicePluginDraining && st.Drain != nil {
+		// A new upgrade while the last one's cordon is still to be lifted: a new drain, which
+		// remembers that the cordon is kmm's.
+		st.Drain = &kmmv1beta1.DrainStatus{StartTime: metav1.NewTime(f.Now), CordonedByKMM: st.Drain.CordonedByKMM}
+	}
 	tr := kmmv1beta1.Transition{Trigger: string(t), From: from, To: to, Time: metav1.NewTime(f.Now), Reason: string(t)}
 	st.Transitions = append(st.Transitions, tr)
 	if n := len(st.Transitions); n > kmmv1beta1.MaxTransitionLog {
