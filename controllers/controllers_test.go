@@ -14,6 +14,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -370,36 +371,23 @@ func (r *nmcRevisions) snapshot() map[string][]map[string]bool {
 
 func watchNMCs(t *testing.T, nodes []string) *nmcRevisions {
 	t.Helper()
-	wc, err := client.NewWithWatch(env.Config, client.Options{Scheme: k8s.Scheme()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	w, err := wc.Watch(ctx, &kmmv1beta1.NodeModulesConfigList{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	want := map[string]bool{}
 	for _, n := range nodes {
 		want[n] = true
 	}
 	r := &nmcRevisions{revs: map[string][]map[string]bool{}}
-	go func() {
-		for ev := range w.ResultChan() {
-			nmc, ok := ev.Object.(*kmmv1beta1.NodeModulesConfig)
-			if !ok || !want[nmc.Name] {
-				continue
-			}
-			entries := map[string]bool{}
-			for _, e := range nmc.Spec.Modules {
-				entries[e.Namespace+"/"+e.Name] = true
-			}
-			r.mu.Lock()
-			r.revs[nmc.Name] = append(r.revs[nmc.Name], entries)
-			r.mu.Unlock()
+	watchForTest(t, &kmmv1beta1.NodeModulesConfigList{}, func(_ watch.EventType, nmc *kmmv1beta1.NodeModulesConfig) {
+		if !want[nmc.Name] {
+			return
 		}
-	}()
+		entries := map[string]bool{}
+		for _, e := range nmc.Spec.Modules {
+			entries[e.Namespace+"/"+e.Name] = true
+		}
+		r.mu.Lock()
+		r.revs[nmc.Name] = append(r.revs[nmc.Name], entries)
+		r.mu.Unlock()
+	})
 	return r
 }
 

@@ -1,7 +1,6 @@
 package controllers_test
 
 import (
-	"context"
 	"fmt"
 	"sync"
 	"testing"
@@ -9,11 +8,9 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/watch"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/fsm"
-	"github.com/kmm-project/kmm/internal/manager"
 )
 
 // TestRolloutAutomatic runs spec.upgradePolicy{automatic, maxUnavailable: 1} over four nodes:
@@ -90,27 +87,13 @@ type outOfLoaded struct {
 
 func watchOutOfLoaded(t *testing.T, ns, name string, nodes []string) *outOfLoaded {
 	t.Helper()
-	wc, err := client.NewWithWatch(env.Config, client.Options{Scheme: manager.NewScheme()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	w, err := wc.Watch(ctx, &kmmv1beta1.NodeModulesConfigList{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	o := &outOfLoaded{out: map[string]bool{}, left: map[string]bool{}, watched: map[string]bool{}}
 	for _, n := range nodes {
 		o.watched[n] = true
 	}
-	go func() {
-		for ev := range w.ResultChan() {
-			if nmc, ok := ev.Object.(*kmmv1beta1.NodeModulesConfig); ok {
-				o.observe(ev.Type, nmc, ns, name)
-			}
-		}
-	}()
+	watchForTest(t, &kmmv1beta1.NodeModulesConfigList{}, func(et watch.EventType, nmc *kmmv1beta1.NodeModulesConfig) {
+		o.observe(et, nmc, ns, name)
+	})
 	return o
 }
 

@@ -14,7 +14,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -92,22 +91,38 @@ type podWatch struct {
 }
 
 func (w *podWatch) start(ctx context.Context) error {
-	cs, err := kubernetes.NewForConfig(env.Config)
+	return watchEach(ctx, &corev1.PodList{}, w.observe, client.MatchingLabels{worker.LabelWorker: "true"})
+}
+
+// watchEach watches the objects of list until ctx ends and hands each event's object, in order,
+// to observe on a goroutine of its own.
+func watchEach[T client.Object](ctx context.Context, list client.ObjectList, observe func(watch.EventType, T), opts ...client.ListOption) error {
+	wc, err := client.NewWithWatch(env.Config, client.Options{Scheme: manager.NewScheme()})
 	if err != nil {
 		return err
 	}
-	wi, err := cs.CoreV1().Pods("").Watch(ctx, metav1.ListOptions{LabelSelector: worker.LabelWorker + "=true"})
+	w, err := wc.Watch(ctx, list, opts...)
 	if err != nil {
 		return err
 	}
 	go func() {
-		for ev := range wi.ResultChan() {
-			if p, ok := ev.Object.(*corev1.Pod); ok {
-				w.observe(ev.Type, p)
+		for ev := range w.ResultChan() {
+			if o, ok := ev.Object.(T); ok {
+				observe(ev.Type, o)
 			}
 		}
 	}()
 	return nil
+}
+
+// watchForTest is watchEach for the rest of the test.
+func watchForTest[T client.Object](t *testing.T, list client.ObjectList, observe func(watch.EventType, T), opts ...client.ListOption) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	if err := watchEach(ctx, list, observe, opts...); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func (w *podWatch) observe(t watch.EventType, p *corev1.Pod) {

@@ -10,9 +10,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -172,24 +170,8 @@ type unloadVsDevicePlugin struct {
 
 func watchUnloadVersusDevicePlugin(t *testing.T, ns string) *unloadVsDevicePlugin {
 	t.Helper()
-	cs, err := kubernetes.NewForConfig(env.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	w, err := cs.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	u := &unloadVsDevicePlugin{unload: map[string]string{}, dp: map[string]string{}}
-	go func() {
-		for ev := range w.ResultChan() {
-			if p, ok := ev.Object.(*corev1.Pod); ok {
-				u.observe(ev.Type, p)
-			}
-		}
-	}()
+	watchForTest(t, &corev1.PodList{}, u.observe, client.InNamespace(ns))
 	return u
 }
 
