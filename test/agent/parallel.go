@@ -43,27 +43,16 @@ func (a *Agent) syncPodsParallel(ctx context.Context, pods []*corev1.Pod) []*cor
 // the bookkeeping take the lock, the writes do not.
 func (a *Agent) syncPodUnlocked(ctx context.Context, pod *corev1.Pod) error {
 	a.mu.Lock()
-	st := a.nodes[pod.Spec.NodeName]
-	if st == nil || !st.ready {
-		a.mu.Unlock()
-		return nil
-	}
-	if pod.DeletionTimestamp != nil {
+	st, step := a.nextStep(pod)
+	switch step {
+	case stepConfirm:
 		return a.confirmDeletionUnlocked(ctx, st, pod)
-	}
-	if isTerminal(pod) || a.finished[pod.UID] {
-		a.mu.Unlock()
-		return nil
-	}
-	now := a.clock.Now()
-	first, ok := a.seen[pod.UID]
-	if !ok {
-		first = now
-		a.seen[pod.UID] = now
-	}
-	if (a.hold != nil && a.hold(pod)) || now.Sub(first) < a.opts.RunDelay {
+	case stepRunning:
 		a.mu.Unlock()
 		return a.markRunning(ctx, pod)
+	case stepNone:
+		a.mu.Unlock()
+		return nil
 	}
 	res, cfg := a.decide(st, pod)
 	a.mu.Unlock()

@@ -30,20 +30,26 @@ func isTerminal(pod *corev1.Pod) bool {
 	return pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
 }
 
-// syncPod moves one worker pod (as cached) along: confirm its deletion, hold it Running, or end it.
-// Pods on nodes the agent does not manage, or on NotReady nodes, are left alone.
-func (a *Agent) syncPod(ctx context.Context, pod *corev1.Pod) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
+// podStep is what the agent does next with a worker pod.
+type podStep int
+
+const (
+	stepNone    podStep = iota // not the agent's, NotReady, ended or finished: nothing
+	stepConfirm                // deleted: confirm the deletion
+	stepRunning                // held or within RunDelay: show it Running
+	stepRun                    // end it with the outcome of its run
+)
+
+// nextStep decides what to do with pod and returns its node; a.mu is held.
+func (a *Agent) nextStep(pod *corev1.Pod) (*nodeState, podStep) {
 	st := a.nodes[pod.Spec.NodeName]
-	if st == nil || !st.ready {
-		return nil
-	}
-	if pod.DeletionTimestamp != nil {
-		return a.confirmDeletion(ctx, st, pod)
-	}
-	if isTerminal(pod) || a.finished[pod.UID] {
-		return nil
+	switch {
+	case st == nil || !st.ready:
+		return st, stepNone
+	case pod.DeletionTimestamp != nil:
+		return st, stepConfirm
+	case isTerminal(pod) || a.finished[pod.UID]:
+		return st, stepNone
 	}
 	now := a.clock.Now()
 	first, ok := a.seen[pod.UID]
@@ -52,9 +58,26 @@ func (a *Agent) syncPod(ctx context.Context, pod *corev1.Pod) error {
 		a.seen[pod.UID] = now
 	}
 	if (a.hold != nil && a.hold(pod)) || now.Sub(first) < a.opts.RunDelay {
-		return a.markRunning(ctx, pod)
+		return st, stepRunning
 	}
-	return a.runPod(ctx, st, pod)
+	return st, stepRun
+}
+
+// syncPod moves one worker pod (as cached) along: confirm its deletion, hold it Running, or end it.
+// Pods on nodes the agent does not manage, or on NotReady nodes, are left alone. It holds the
+// agent's lock throughout, so a test sees a pod's end and its bookkeeping together.
+func (a *Agent) syncPod(ctx context.Context, pod *corev1.Pod) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	switch st, step := a.nextStep(pod); step {
+	case stepConfirm:
+		return a.confirmDeletion(ctx, st, pod)
+	case stepRunning:
+		return a.markRunning(ctx, pod)
+	case stepRun:
+		return a.runPod(ctx, st, pod)
+	}
+	return nil
 }
 
 // waits says whether pod is a worker pod that the agent saw runnable but did not end: it is held
