@@ -43,10 +43,17 @@ const (
 	ReasonNotFound Reason = "NotFound"
 	// ReasonBusy: modprobe could not remove a module because it is in use.
 	ReasonBusy Reason = "Busy"
-	// ReasonOther: anything else, including unsafe archive entries, an oversize image, a malformed
-	// config and other modprobe failures.
+	// ReasonInvalidConfig: the worker refused its config (malformed, or a field it cannot act on,
+	// such as a kernel version with "/" or a firmwarePath of "/"). Retrying the same config cannot
+	// help: the operator keeps the pair failed until the config changes.
+	ReasonInvalidConfig Reason = "InvalidConfig"
+	// ReasonOther: anything else, including unsafe archive entries, an oversize image and other
+	// modprobe failures.
 	ReasonOther Reason = "Other"
 )
+
+// Terminal says whether retrying the same config cannot succeed.
+func (r Reason) Terminal() bool { return r == ReasonInvalidConfig }
 
 // MaxResultBytes bounds the encoded Result: Kubernetes keeps at most 4096 bytes of a termination message.
 const MaxResultBytes = 4096
@@ -140,9 +147,9 @@ func (r Result) check() error {
 		}
 	case OutcomeFailed:
 		switch r.Reason {
-		case ReasonImagePull, ReasonNotFound, ReasonBusy, ReasonOther:
+		case ReasonImagePull, ReasonNotFound, ReasonBusy, ReasonInvalidConfig, ReasonOther:
 		default:
-			return fmt.Errorf("a failed result needs reason ImagePull, NotFound, Busy or Other, got %q", r.Reason)
+			return fmt.Errorf("a failed result needs reason ImagePull, NotFound, Busy, InvalidConfig or Other, got %q", r.Reason)
 		}
 	default:
 		return fmt.Errorf("unknown outcome %q", r.Outcome)

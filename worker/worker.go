@@ -109,7 +109,7 @@ func (w *Worker) run(ctx context.Context, action Action, cfg Config, res *Result
 		return errorf(ReasonOther, "unknown action %q: use load or unload", action)
 	}
 	if err := cfg.Validate(); err != nil {
-		return classified(ReasonOther, err)
+		return classified(ReasonInvalidConfig, err)
 	}
 	log := w.opts.Log.WithValues("module", cfg.ModuleID(), "kernel", cfg.Config.KernelVersion, "action", action)
 	bootID, err := w.opts.Host.BootID()

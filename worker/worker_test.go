@@ -319,7 +319,7 @@ func TestRunRejectsBadInput(t *testing.T) {
 	}
 	cfg := testConfig("r/i:t")
 	cfg.Config.KernelVersion = ""
-	if res := w.Run(context.Background(), ActionLoad, cfg); res.Reason != ReasonOther || !strings.Contains(res.Message, "kernelVersion is required") {
+	if res := w.Run(context.Background(), ActionLoad, cfg); res.Reason != ReasonInvalidConfig || !strings.Contains(res.Message, "kernelVersion is required") {
 		t.Errorf("invalid config: %+v", res)
 	}
 	for _, o := range []Options{{Modprobe: w.opts.Modprobe, Host: w.opts.Host}, {CacheDir: "c", Host: w.opts.Host}, {CacheDir: "c", Modprobe: w.opts.Modprobe}} {

@@ -139,7 +139,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 func execute(ctx context.Context, f flags, log logr.Logger) worker.Result {
 	cfg, err := worker.ReadConfig(f.config)
 	if err != nil {
-		return worker.Failure(f.action, worker.Config{}, err)
+		return worker.Failure(f.action, worker.Config{}, &worker.Error{Reason: worker.ReasonInvalidConfig, Err: err})
 	}
 	kc, err := worker.ReadKeychain(f.pullSecret)
 	if err != nil {

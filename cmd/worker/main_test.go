@@ -193,7 +193,9 @@ func TestFailuresWriteAClassifiedResult(t *testing.T) {
 		reason worker.Reason
 		want   string
 	}{
-		"malformed config":    {`{"namespace": "ns", "config": `, nil, worker.ReasonOther, "malformed config"},
+		"malformed config":    {`{"namespace": "ns", "config": `, nil, worker.ReasonInvalidConfig, "malformed config"},
+		"kernel with a slash": {strings.Replace(good, kernel, "6.1/../x", 1), nil, worker.ReasonInvalidConfig, "not a kernel version"},
+		"firmwarePath /":      {strings.Replace(good, `"moduleName":"kmm_cmd"`, `"moduleName":"kmm_cmd","firmwarePath":"/"`, 1), nil, worker.ReasonInvalidConfig, "firmwarePath"},
 		"no credentials":      {good, nil, worker.ReasonImagePull, "authentication failed"},
 		"missing pull secret": {good, []string{"--pull-secret", "/nonexistent/secret"}, worker.ReasonImagePull, "reading the pull secret"},
 	}
