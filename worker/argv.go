@@ -71,6 +71,33 @@ func UnloadArgs(mc kmmv1beta1.ModuleConfig, o ArgvOptions) ([]string, error) {
 	return append(args, mp.ModuleName), nil
 }
 
+// ShowDependsArgs turns the arguments of a load built by LoadArgs (not rawArgs) into those that
+// print what the load would insmod, without loading: "-v" becomes "--show-depends", so that the
+// root, softdep file, args and module are the same.
+func ShowDependsArgs(loadArgs []string) []string {
+	out := append([]string(nil), loadArgs...)
+	for i, a := range out {
+		if a == "-v" {
+			out[i] = "--show-depends"
+			return out
+		}
+	}
+	return nil
+}
+
+// insmodPaths returns the module files in modprobe --show-depends output ("insmod <path> [options]"
+// lines; "builtin" and "install" lines name no file).
+func insmodPaths(stdout string) []string {
+	var paths []string
+	for _, line := range strings.Split(stdout, "\n") {
+		fields := strings.Fields(line)
+		if len(fields) >= 2 && fields[0] == "insmod" {
+			paths = append(paths, fields[1])
+		}
+	}
+	return paths
+}
+
 // InTreeRemoveArgs returns modprobe's arguments to remove an in-tree module: `-r -v <module>`,
 // without -d, so that modprobe uses the node's own module tree.
 func InTreeRemoveArgs(module, kernel string, dryRun bool) []string {

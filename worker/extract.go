@@ -13,10 +13,9 @@ import (
 	"strings"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/partial"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 )
-
-// DefaultMaxExtractBytes caps the bytes of file content the worker writes for one image.
-const DefaultMaxExtractBytes int64 = 1 << 30
 
 // extractSpec says what to extract from an image and what must be there.
 type extractSpec struct {
@@ -27,6 +26,8 @@ type extractSpec struct {
 	FirmwareDir string
 	// MaxBytes caps the file bytes written.
 	MaxBytes int64
+	// Limits bound the rest of the work (with their defaults filled in).
+	Limits Limits
 }
 
 // extractor applies the layers of one image, in order, to an extraction root.
@@ -35,16 +36,15 @@ type extractor struct {
 	spec    extractSpec
 	written int64
 	layer   int
+	// compressed and uncompressed count the bytes read from all layers so far.
+	compressed, uncompressed int64
+	// examined and acted count the archive entries read and those acted on.
+	examined, acted int
 	// extracted records each written path and the layer that wrote it, for whiteouts and hard links.
-	extracted map[string]extracted
+	extracted pathIndex
 	// kernels are the kernel directories seen under <dirName>/lib/modules, for error messages.
 	kernels map[string]bool
 	buf     []byte
-}
-
-type extracted struct {
-	layer int
-	kind  entryAction
 }
 
 // extractImage extracts the wanted subtrees of img into the directory dir.
@@ -53,12 +53,15 @@ func extractImage(ctx context.Context, img v1.Image, dir string, spec extractSpe
 	if err != nil {
 		return &Error{Reason: ReasonImagePull, Err: fmt.Errorf("reading the image's layers: %w", err)}
 	}
+	if len(layers) > spec.Limits.MaxLayers {
+		return overLimit("maxLayers", int64(spec.Limits.MaxLayers), "the image has %d layers", len(layers))
+	}
 	root, err := os.OpenRoot(dir)
 	if err != nil {
 		return err
 	}
 	defer root.Close() //nolint:errcheck // files are closed one by one
-	x := &extractor{root: root, spec: spec, extracted: map[string]extracted{}, kernels: map[string]bool{}, buf: make([]byte, 1<<20)}
+	x := &extractor{root: root, spec: spec, kernels: map[string]bool{}, buf: make([]byte, 1<<20)}
 	for i, l := range layers {
 		x.layer = i
 		if err := x.applyLayer(ctx, l); err != nil {
@@ -71,29 +74,115 @@ func extractImage(ctx context.Context, img v1.Image, dir string, spec extractSpe
 	return x.checkRequired()
 }
 
-// streamReader remembers the first error of the underlying stream, to tell a download failure
-// from a malformed archive.
-type streamReader struct {
-	r   io.Reader
-	err error
+// layerStream is the compressed stream of one layer as downloaded (go-containerregistry checks
+// its size and digest when it reaches the end). It counts the bytes against the image's cap and
+// remembers the first download or verification error, to tell a wrong download from a malformed
+// or refused archive.
+type layerStream struct {
+	rc     io.ReadCloser
+	digest v1.Hash
+	count *int64
+	max   int64
+	err   error
 }
 
-func (c *streamReader) Read(p []byte) (int, error) {
+func (s *layerStream) Read(p []byte) (int, error) {
+	if s.err != nil {
+		return 0, s.err
+	}
+	n, err := s.rc.Read(p)
+	*s.count += int64(n)
+	switch {
+	case err != nil && err != io.EOF:
+		s.err = err
+	case *s.count > s.max:
+		s.err = overLimit("maxImageBytes", s.max, "the layers are more than %d compressed bytes", s.max)
+		err = s.err
+	}
+	return n, err
+}
+
+// Close implements io.Closer.
+func (s *layerStream) Close() error { return s.rc.Close() }
+
+// verify reads the rest of the stream, so that go-containerregistry compares the download with
+// the layer's digest, and returns the download or verification error, if any.
+func (s *layerStream) verify(buf []byte) error {
+	if s.err == nil {
+		_, _ = io.CopyBuffer(io.Discard, s, buf)
+	}
+	var le *limitError
+	if errors.As(s.err, &le) {
+		return nil
+	}
+	return s.err
+}
+
+// streamedLayer is a layer whose compressed stream is a layerStream; go-containerregistry still
+// detects the compression and decompresses it.
+type streamedLayer struct {
+	l      v1.Layer
+	stream *layerStream
+	x      *extractor
+}
+
+func (s *streamedLayer) Digest() (v1.Hash, error)            { return s.l.Digest() }
+func (s *streamedLayer) Size() (int64, error)                { return s.l.Size() }
+func (s *streamedLayer) MediaType() (types.MediaType, error) { return s.l.MediaType() }
+
+// Compressed opens the layer's download as a layerStream.
+func (s *streamedLayer) Compressed() (io.ReadCloser, error) {
+	d, err := s.l.Digest()
+	if err != nil {
+		return nil, err
+	}
+	rc, err := s.l.Compressed()
+	if err != nil {
+		return nil, err
+	}
+	s.stream = &layerStream{rc: rc, digest: d, count: &s.x.compressed, max: s.x.spec.Limits.MaxImageBytes}
+	return s.stream, nil
+}
+
+// countingReader fails once more than max bytes were read through it (counted in *count).
+type countingReader struct {
+	r     io.Reader
+	count *int64
+	max   int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
-	if err != nil && err != io.EOF && c.err == nil {
-		c.err = err
+	if *c.count += int64(n); *c.count > c.max {
+		return n, overLimit("maxTarBytes", c.max, "the layers hold more than %d uncompressed bytes", c.max)
 	}
 	return n, err
 }
 
 func (x *extractor) applyLayer(ctx context.Context, l v1.Layer) error {
-	rc, err := l.Uncompressed()
+	sl := &streamedLayer{l: l, x: x}
+	ul, err := partial.CompressedToLayer(sl)
 	if err != nil {
-		return &Error{Reason: ReasonImagePull, Err: fmt.Errorf("layer %d: downloading: %w", x.layer, err)}
+		return &Error{Reason: ReasonImagePull, Err: fmt.Errorf("layer %d: %w", x.layer, err)}
+	}
+	rc, err := ul.Uncompressed()
+	if err != nil {
+		return x.layerError(sl.stream, fmt.Errorf("downloading: %w", err))
 	}
 	defer rc.Close() //nolint:errcheck // read-only stream; verification errors surface on Read
-	cr := &streamReader{r: rc}
-	tr := tar.NewReader(cr)
+	if err := x.readArchive(ctx, &countingReader{r: rc, count: &x.uncompressed, max: x.spec.Limits.MaxTarBytes}); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return x.layerError(sl.stream, err)
+	}
+	return nil
+}
+
+// readArchive applies the entries of one layer's archive, then reads to its end so that the
+// download is verified.
+func (x *extractor) readArchive(ctx context.Context, r io.Reader) error {
+	tr := tar.NewReader(r)
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -103,25 +192,31 @@ func (x *extractor) applyLayer(ctx context.Context, l v1.Layer) error {
 			break
 		}
 		if err != nil {
-			return x.streamError(cr, err)
+			return err
+		}
+		if x.examined++; x.examined > x.spec.Limits.MaxEntries {
+			return overLimit("maxEntries", int64(x.spec.Limits.MaxEntries), "the layers have more than %d archive entries", x.spec.Limits.MaxEntries)
 		}
 		if err := x.apply(tr, hdr); err != nil {
-			if cr.err != nil {
-				return x.streamError(cr, err)
-			}
-			return classified(ReasonOther, fmt.Errorf("layer %d: %w", x.layer, err))
+			return classified(ReasonOther, err)
 		}
 	}
-	// Read to the end so that the digest of the layer is verified.
-	if _, err := io.CopyBuffer(io.Discard, cr, x.buf); err != nil {
-		return x.streamError(cr, err)
-	}
-	return nil
+	_, err := io.CopyBuffer(io.Discard, r, x.buf)
+	return err
 }
 
-func (x *extractor) streamError(cr *streamReader, err error) error {
-	if cr.err != nil {
-		return &Error{Reason: ReasonImagePull, Err: fmt.Errorf("layer %d: downloading: %w", x.layer, cr.err)}
+// layerError classifies the failure of a layer: a download that failed or does not match the
+// layer's digest is ImagePull whatever the archive held; an archive refused by a check is Other, as
+// is one that is not a tar archive.
+func (x *extractor) layerError(s *layerStream, err error) error {
+	if s != nil {
+		if verr := s.verify(x.buf); verr != nil {
+			return &Error{Reason: ReasonImagePull, Err: fmt.Errorf("layer %d (%s): the download failed or does not match its digest: %w", x.layer, s.digest, verr)}
+		}
+	}
+	var we *Error
+	if errors.As(err, &we) {
+		return &Error{Reason: we.Reason, Err: fmt.Errorf("layer %d: %w", x.layer, err)}
 	}
 	return &Error{Reason: ReasonOther, Err: fmt.Errorf("layer %d is not a valid tar archive: %w", x.layer, err)}
 }
@@ -130,8 +225,11 @@ func (x *extractor) streamError(cr *streamReader, err error) error {
 func (x *extractor) apply(r io.Reader, hdr *tar.Header) error {
 	x.noteKernel(hdr.Name)
 	plan, err := planEntry(hdr, x.spec.Filter)
-	if err != nil {
+	if err != nil || plan.Action == skipEntry {
 		return err
+	}
+	if x.acted++; x.acted > x.spec.Limits.MaxExtractEntries {
+		return overLimit("maxExtractEntries", int64(x.spec.Limits.MaxExtractEntries), "the layers have more than %d entries in the extracted directories", x.spec.Limits.MaxExtractEntries)
 	}
 	switch plan.Action {
 	case mkdirEntry:
@@ -150,7 +248,7 @@ func (x *extractor) apply(r io.Reader, hdr *tar.Header) error {
 	if err != nil {
 		return fmt.Errorf("extracting %q: %w", hdr.Name, err)
 	}
-	x.extracted[plan.Path] = extracted{layer: x.layer, kind: plan.Action}
+	x.extracted.put(plan.Path, extracted{layer: x.layer, kind: plan.Action})
 	return nil
 }
 
@@ -222,7 +320,7 @@ func (x *extractor) symlink(plan entryPlan) error {
 }
 
 func (x *extractor) hardlink(plan entryPlan) error {
-	if e, ok := x.extracted[plan.Target]; !ok || e.kind != fileEntry {
+	if e, ok := x.extracted.get(plan.Target); !ok || e.kind != fileEntry {
 		return fmt.Errorf("hard link to %q, which is not a regular file extracted before it", plan.Target)
 	}
 	if err := x.root.MkdirAll(path.Dir(plan.Path), 0o755); err != nil {
@@ -237,31 +335,24 @@ func (x *extractor) hardlink(plan entryPlan) error {
 // whiteout removes what lower layers extracted at (whiteout) or below (opaque) plan.Path. Files of
 // the current layer stay, as the OCI layer format requires; directories stay (they may hold them).
 func (x *extractor) whiteout(plan entryPlan) error {
-	for p, e := range x.extracted {
-		below := plan.Path == "." || strings.HasPrefix(p, plan.Path+"/")
-		self := plan.Action == whiteoutEntry && p == plan.Path
-		if e.layer >= x.layer || (!below && !self) || e.kind == mkdirEntry {
-			continue
-		}
-		if err := x.clear(p, true); err != nil {
-			return fmt.Errorf("applying whiteout for %q: %w", plan.Path, err)
-		}
-		delete(x.extracted, p)
+	err := x.extracted.wipe(plan.Path, plan.Action == whiteoutEntry, x.layer, func(p string) error { return x.clear(p, true) })
+	if err != nil {
+		return fmt.Errorf("applying whiteout for %q: %w", plan.Path, err)
 	}
 	return nil
 }
 
 // checkSymlinks refuses symlinks that resolve outside the extraction root through other links.
 func (x *extractor) checkSymlinks() error {
-	for p, e := range x.extracted {
+	return x.extracted.walk(func(p string, e extracted) error {
 		if e.kind != symlinkEntry {
-			continue
+			return nil
 		}
 		if _, err := x.root.Stat(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return &Error{Reason: ReasonOther, Err: &unsafeEntryError{Name: p, Why: fmt.Sprintf("symlink does not resolve inside the extraction root: %v", err)}}
 		}
-	}
-	return nil
+		return nil
+	})
 }
 
 // checkRequired reports a missing kernel or firmware directory.

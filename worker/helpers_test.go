@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -227,6 +228,8 @@ type testRegistry struct {
 type registryOpts struct {
 	tls            bool
 	user, password string
+	// intercept, when set, sees every request first; it returns true when it answered it.
+	intercept func(w http.ResponseWriter, r *http.Request, inner http.Handler) bool
 }
 
 func newTestRegistry(t testing.TB, o registryOpts) *testRegistry {
@@ -251,6 +254,9 @@ func startRegistry(o registryOpts) *testRegistry {
 				http.Error(w, `{"errors":[{"code":"UNAUTHORIZED","message":"authentication required"}]}`, http.StatusUnauthorized)
 				return
 			}
+		}
+		if o.intercept != nil && o.intercept(w, req, inner) {
+			return
 		}
 		inner.ServeHTTP(w, req)
 	})
@@ -395,4 +401,80 @@ func mustRegistry(t testing.TB, host string) name.Registry {
 		t.Fatal(err)
 	}
 	return r
+}
+
+// innerBody returns what the inner registry answers to a GET of the request's URL.
+func innerBody(inner http.Handler, r *http.Request) []byte {
+	rec := httptest.NewRecorder()
+	inner.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, r.URL.String(), nil))
+	return rec.Body.Bytes()
+}
+
+// serveChunked writes body without a Content-Length (chunked), as a registry streaming a blob does.
+func serveChunked(w http.ResponseWriter, body []byte) {
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(body)
+	if f, ok := w.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// isBlob reports whether r fetches the blob d.
+func isBlob(r *http.Request, d v1.Hash) bool {
+	return r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/blobs/"+d.String())
+}
+
+// layerDigest returns the digest of layer i of img.
+func layerDigest(t testing.TB, img v1.Image, i int) v1.Hash {
+	t.Helper()
+	ls, err := img.Layers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := ls[i].Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// compressedBytes returns the compressed bytes of a layer.
+func compressedBytes(t testing.TB, l v1.Layer) []byte {
+	t.Helper()
+	rc, err := l.Compressed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close() //nolint:errcheck // test
+	data, err := io.ReadAll(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+// loads returns the modprobe calls that were not --show-depends checks.
+func (r *recorder) loads() [][]string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out [][]string
+	for _, c := range r.calls {
+		if !slices.Contains(c, "--show-depends") {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// assertNothingLoaded checks that a failed run ran no load (only --show-depends checks, if any),
+// left no cache entry, and changed nothing on the host but the boot ID.
+func assertNothingLoaded(t *testing.T, s sandbox, m *recorder) {
+	t.Helper()
+	if l := m.loads(); len(l) != 0 {
+		t.Errorf("modprobe ran: %q", l)
+	}
+	if got := listFiles(t, s.root); strings.Join(got, ",") != "proc,proc/sys,proc/sys/kernel,proc/sys/kernel/random,proc/sys/kernel/random/boot_id" {
+		t.Errorf("the host root changed: %v", got)
+	}
 }

@@ -122,54 +122,108 @@ func (h *DirHost) SetFirmwareClassPath(dir string) error {
 	return f.Close()
 }
 
-// InstallFirmware implements Host. Files are written to a temporary name and renamed, so that the
-// kernel never reads half a firmware file.
+// InstallFirmware implements Host. It is all or nothing: the whole tree is checked first (a
+// dangling link or anything but files, directories and links to them fails the install), then
+// copied into a staging directory beside dest, then renamed into place file by file, so that the
+// kernel never reads half a firmware file; a failure removes what this call put there.
 func (h *DirHost) InstallFirmware(src fs.FS, dest string) error {
+	files, err := firmwareFiles(src)
+	if err != nil {
+		return err
+	}
 	destDir := h.path(dest)
-	return fs.WalkDir(src, ".", func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
+	if err := checkFirmwareTargets(destDir, files); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(destDir, 0o755); err != nil { // #nosec G301 -- firmware directories are world-readable on a node
+		return fmt.Errorf("installing firmware: %w", err)
+	}
+	stage, err := os.MkdirTemp(destDir, ".kmm-staging-")
+	if err != nil {
+		return fmt.Errorf("installing firmware: %w", err)
+	}
+	defer os.RemoveAll(stage) //nolint:errcheck // best effort: only what this call staged
+	for _, p := range files {
+		if err := copyFile(src, p, filepath.Join(stage, filepath.FromSlash(p))); err != nil {
+			return fmt.Errorf("installing firmware %s: %w", p, err)
+		}
+	}
+	return commitFirmware(stage, destDir, files)
+}
+
+// firmwareFiles lists the files of a firmware tree, refusing what cannot be installed whole.
+// Links to directories are not followed (their content is not copied).
+func firmwareFiles(src fs.FS) ([]string, error) {
+	var files []string
+	err := fs.WalkDir(src, ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
 			return err
 		}
-		target := filepath.Join(destDir, filepath.FromSlash(p))
-		if d.IsDir() {
-			return os.MkdirAll(target, 0o755) // #nosec G301 -- firmware directories are world-readable on a node
-		}
-		if err := copyFile(src, p, target); err != nil {
-			return fmt.Errorf("installing firmware %s: %w", p, err)
+		st, err := fs.Stat(src, p)
+		switch {
+		case err != nil && d.Type()&fs.ModeSymlink != 0:
+			return fmt.Errorf("firmware %s is a dangling link or leaves the firmware directory: %w", p, err)
+		case err != nil:
+			return fmt.Errorf("firmware %s: %w", p, err)
+		case st.Mode().IsRegular():
+			files = append(files, p)
+		case !st.IsDir():
+			return fmt.Errorf("firmware %s is not a regular file (%s)", p, st.Mode().Type())
 		}
 		return nil
 	})
+	return files, err
 }
 
-// copyFile copies the file p of src (following links that stay inside src) to target.
+// checkFirmwareTargets refuses an install that would replace a host directory with a file.
+func checkFirmwareTargets(destDir string, files []string) error {
+	for _, p := range files {
+		if st, err := os.Lstat(filepath.Join(destDir, filepath.FromSlash(p))); err == nil && st.IsDir() {
+			return fmt.Errorf("installing firmware %s: %s is a directory on the host", p, filepath.Join(destDir, filepath.FromSlash(p)))
+		}
+	}
+	return nil
+}
+
+// commitFirmware renames the staged files into destDir. If a rename fails, the files already
+// moved are removed again (a file they replaced is not restored).
+func commitFirmware(stage, destDir string, files []string) error {
+	for i, p := range files {
+		target := filepath.Join(destDir, filepath.FromSlash(p))
+		err := os.MkdirAll(filepath.Dir(target), 0o755) // #nosec G301 -- firmware directories are world-readable on a node
+		if err == nil {
+			err = os.Rename(filepath.Join(stage, filepath.FromSlash(p)), target)
+		}
+		if err != nil {
+			for _, done := range files[:i] {
+				_ = os.Remove(filepath.Join(destDir, filepath.FromSlash(done)))
+			}
+			return fmt.Errorf("installing firmware %s: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// copyFile copies the regular file p of src (following links that stay inside src) to target,
+// creating its directory.
 func copyFile(src fs.FS, p, target string) error {
 	in, err := src.Open(p)
 	if err != nil {
 		return err
 	}
 	defer in.Close() //nolint:errcheck // read-only
-	st, err := in.Stat()
-	if err != nil {
+	if err := os.MkdirAll(filepath.Dir(target), 0o750); err != nil {
 		return err
 	}
-	if !st.Mode().IsRegular() {
-		return nil // a dangling link or a directory reached through a link: nothing to copy
-	}
-	tmp := target + ".kmm-tmp"
-	out, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644) // #nosec G302 -- firmware is world-readable on a node
+	out, err := os.OpenFile(target, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644) // #nosec G302 -- firmware is world-readable on a node
 	if err != nil {
 		return err
 	}
 	if _, err := io.Copy(out, in); err != nil {
 		_ = out.Close()
-		_ = os.Remove(tmp)
 		return err
 	}
-	if err := out.Close(); err != nil {
-		_ = os.Remove(tmp)
-		return err
-	}
-	return os.Rename(tmp, target)
+	return out.Close()
 }
 
 // RemoveFirmware implements Host.

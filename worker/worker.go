@@ -29,6 +29,8 @@ type Options struct {
 	Transport http.RoundTripper
 	// MaxExtractBytes caps the file bytes extracted from one image; 0 means DefaultMaxExtractBytes.
 	MaxExtractBytes int64
+	// Limits bound the rest of the work on one image; zero fields mean their defaults.
+	Limits Limits
 	// DryRun runs modprobe with -n and -S <kernel>: it resolves modules and prints what it would
 	// do without loading anything. Use it with a sandbox Host.
 	DryRun bool
@@ -63,6 +65,7 @@ func New(opts Options) (*Worker, error) {
 	if opts.MaxExtractBytes <= 0 {
 		opts.MaxExtractBytes = DefaultMaxExtractBytes
 	}
+	opts.Limits = opts.Limits.withDefaults()
 	return &Worker{opts: opts}, nil
 }
 
@@ -160,6 +163,9 @@ func (w *Worker) fetch(ctx context.Context, mc kmmv1beta1.ModuleConfig) (fetched
 	if err != nil {
 		return fetched{}, err
 	}
+	if err := checkImage(img, w.opts.Limits); err != nil {
+		return fetched{}, err
+	}
 	out := fetched{digest: d, root: c.entry(d, key), fromCache: c.has(d, key)}
 	if !out.fromCache {
 		spec := extractSpec{
@@ -167,6 +173,7 @@ func (w *Worker) fetch(ctx context.Context, mc kmmv1beta1.ModuleConfig) (fetched
 			KernelDir:   kernelDir(mc),
 			FirmwareDir: firmwareDir(mc),
 			MaxBytes:    w.opts.MaxExtractBytes,
+			Limits:      w.opts.Limits,
 		}
 		if err := c.fill(ctx, d, key, img, spec); err != nil {
 			return fetched{}, classified(ReasonOther, fmt.Errorf("extracting %s: %w", mc.ContainerImage, err))
@@ -205,16 +212,10 @@ func newFilter(mc kmmv1beta1.ModuleConfig) filter {
 	return f
 }
 
+// load checks what modprobe would insmod, removes in-tree modules, installs firmware and loads
+// the module: a refused module index changes nothing on the node.
 func (w *Worker) load(ctx context.Context, log logr.Logger, cfg Config, root string) error {
 	mc := cfg.Config
-	for _, m := range mc.InTreeModulesToRemove {
-		if err := w.removeInTree(ctx, log, m, mc.KernelVersion); err != nil {
-			return err
-		}
-	}
-	if err := w.installFirmware(log, cfg, root); err != nil {
-		return err
-	}
 	softdep, cleanup, err := w.writeSoftdep(mc.Modprobe.ModulesLoadingOrder)
 	if err != nil {
 		return classified(ReasonOther, err)
@@ -223,6 +224,17 @@ func (w *Worker) load(ctx context.Context, log logr.Logger, cfg Config, root str
 	args, err := LoadArgs(mc, ArgvOptions{Root: filepath.Join(root, modulesRoot(mc)), SoftdepFile: softdep, DryRun: w.opts.DryRun})
 	if err != nil {
 		return classified(ReasonOther, err)
+	}
+	if err := w.checkDepends(ctx, log, args, filepath.Join(root, kernelDir(mc))); err != nil {
+		return err
+	}
+	for _, m := range mc.InTreeModulesToRemove {
+		if err := w.removeInTree(ctx, log, m, mc.KernelVersion); err != nil {
+			return err
+		}
+	}
+	if err := w.installFirmware(log, cfg, root); err != nil {
+		return err
 	}
 	log.Info("Loading the module", "args", args)
 	return w.modprobe(ctx, log, args)
@@ -246,6 +258,48 @@ func (w *Worker) unload(ctx context.Context, log logr.Logger, cfg Config, root s
 		log.Info("Removing firmware", "dir", cfg.firmwareHostPath())
 		return classified(ReasonOther, w.opts.Host.RemoveFirmware(src, cfg.firmwareHostPath()))
 	})
+}
+
+// checkDepends runs modprobe --show-depends with the load's arguments and refuses the load when a
+// module file it would insmod does not resolve (symlinks included) inside the image's module
+// directory: a crafted modules.dep.bin can name any file of the node. A rawArgs load is not
+// checked: its arguments are the Module author's, as they are.
+func (w *Worker) checkDepends(ctx context.Context, log logr.Logger, loadArgs []string, moduleDir string) error {
+	args := ShowDependsArgs(loadArgs)
+	if args == nil {
+		return nil
+	}
+	stdout, stderr, err := w.opts.Modprobe.Run(ctx, args)
+	if err != nil {
+		return modprobeError("modprobe failed", args, stderr, err)
+	}
+	paths := insmodPaths(string(stdout))
+	log.V(1).Info("Module files to load", "paths", paths)
+	return checkInside(moduleDir, paths)
+}
+
+// checkInside refuses a path that does not resolve inside dir.
+func checkInside(dir string, paths []string) error {
+	realDir, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return classified(ReasonOther, fmt.Errorf("resolving the module directory: %w", err))
+	}
+	for _, p := range paths {
+		real, err := filepath.EvalSymlinks(p)
+		if err != nil {
+			return errorf(ReasonOther, "refusing to load %s: it does not resolve inside the module directory of the image: %v", p, err)
+		}
+		if !isInside(realDir, real) {
+			return errorf(ReasonOther, "refusing to load %s: it resolves to %s, outside the module directory of the image", p, real)
+		}
+	}
+	return nil
+}
+
+// isInside reports whether the clean absolute path p is dir or below it.
+func isInside(dir, p string) bool {
+	rel, err := filepath.Rel(dir, p)
+	return err == nil && rel != ".." && !strings.HasPrefix(rel, "../") && !filepath.IsAbs(rel)
 }
 
 // removeInTree removes an in-tree module, treating "not loaded" as done.

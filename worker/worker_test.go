@@ -44,8 +44,9 @@ func TestLoadPullsExtractsAndResolvesTheDependency(t *testing.T) {
 	}
 	root := entryRoot(s, digest, cfg)
 	wantArgs := []string{"-n", "-S", testKernel, "-v", "-d", filepath.Join(root, "opt"), "kmm_test_a"}
-	if len(m.calls) != 1 || !slices.Equal(m.calls[0], wantArgs) {
-		t.Errorf("modprobe calls %q, want one: %q", m.calls, wantArgs)
+	wantCheck := []string{"-n", "-S", testKernel, "--show-depends", "-d", filepath.Join(root, "opt"), "kmm_test_a"}
+	if len(m.calls) != 2 || !slices.Equal(m.calls[0], wantCheck) || !slices.Equal(m.calls[1], wantArgs) {
+		t.Errorf("modprobe calls %q, want the check %q then the load %q", m.calls, wantCheck, wantArgs)
 	}
 	// The real modprobe -n resolved kmm_test_a and its dependency from depmod's output, b first.
 	out := m.stdout.String()
@@ -222,13 +223,16 @@ func TestInTreeModulesAreRemovedFirst(t *testing.T) {
 	cfg.Config.InTreeModulesToRemove = []string{"kmm_intree_x", "kmm_intree_y"}
 	// The real modprobe says the in-tree modules are not found (not loaded): that is not an error.
 	mustSucceed(t, newTestWorker(t, s, m).Run(context.Background(), ActionLoad, cfg))
-	if len(m.calls) != 3 || !slices.Equal(m.calls[0], []string{"-n", "-S", testKernel, "-r", "-v", "kmm_intree_x"}) ||
-		!slices.Equal(m.calls[1], []string{"-n", "-S", testKernel, "-r", "-v", "kmm_intree_y"}) || m.calls[2][len(m.calls[2])-1] != "kmm_test_a" {
-		t.Errorf("calls %q: want both in-tree removals, then the load", m.calls)
+	if len(m.calls) != 4 || !slices.Contains(m.calls[0], "--show-depends") || !slices.Equal(m.calls[1], []string{"-n", "-S", testKernel, "-r", "-v", "kmm_intree_x"}) ||
+		!slices.Equal(m.calls[2], []string{"-n", "-S", testKernel, "-r", "-v", "kmm_intree_y"}) || m.calls[3][len(m.calls[3])-1] != "kmm_test_a" {
+		t.Errorf("calls %q: want the dependency check, both in-tree removals, then the load", m.calls)
 	}
 
 	var calls int
 	busy := ModprobeFunc(func(_ context.Context, args []string) ([]byte, []byte, error) {
+		if slices.Contains(args, "--show-depends") {
+			return nil, nil, nil
+		}
 		calls++
 		return nil, []byte("modprobe: FATAL: Module kmm_intree_x is in use.\n"), &exitError{}
 	})
@@ -344,7 +348,7 @@ func TestFirmwareInstallFailureIsReported(t *testing.T) {
 	cfg.Config.Modprobe.FirmwarePath = "/firmware"
 	m := newRecorder(t)
 	res := newTestWorker(t, s, m).Run(context.Background(), ActionLoad, cfg)
-	if res.Reason != ReasonOther || !strings.Contains(res.Message, "var/lib/firmware") || len(m.calls) != 0 {
-		t.Errorf("got %s %q after %d modprobe calls", res.Reason, res.Message, len(m.calls))
+	if res.Reason != ReasonOther || !strings.Contains(res.Message, "var/lib/firmware") || len(m.loads()) != 0 {
+		t.Errorf("got %s %q after modprobe calls %q", res.Reason, res.Message, m.loads())
 	}
 }

@@ -1,0 +1,120 @@
+package worker
+
+import (
+	"fmt"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+)
+
+// The default limits of one worker run (docs/worker-limits.md lists them with what happens when
+// one is exceeded). A kmod image holds a few modules and maybe firmware: each default leaves a wide
+// margin over such an image and still bounds what a hostile image can make the worker do.
+const (
+	// DefaultTimeout bounds a whole run: pull, extraction, firmware and modprobe. The operator sets
+	// the worker pod's activeDeadlineSeconds from it plus a margin, so that the worker reports a
+	// timed-out Result itself before the kubelet kills the pod.
+	DefaultTimeout = 4 * time.Minute
+	// DefaultMaxExtractBytes caps the bytes of file content written into the cache for one image.
+	DefaultMaxExtractBytes int64 = 256 << 20
+	// DefaultMaxImageBytes caps the compressed bytes of an image's layers (as the manifest declares
+	// them and as read).
+	DefaultMaxImageBytes int64 = 512 << 20
+	// DefaultMaxTarBytes caps the uncompressed archive bytes read from all layers, including the
+	// content of entries that are skipped (a decompression bomb outside the wanted directories).
+	DefaultMaxTarBytes int64 = 1 << 30
+	// DefaultMaxLayers caps the layers of an image.
+	DefaultMaxLayers = 128
+	// DefaultMaxEntries caps the archive entries examined across all layers, skipped ones included.
+	DefaultMaxEntries = 100_000
+	// DefaultMaxExtractEntries caps the entries acted on (files, directories, links and whiteouts
+	// inside the wanted directories) across all layers.
+	DefaultMaxExtractEntries = 20_000
+	// DefaultMaxManifestBytes caps an image manifest, an index and an image config.
+	DefaultMaxManifestBytes int64 = 4 << 20
+)
+
+// Limits bound the work one run does on an image; a zero field means its default.
+type Limits struct {
+	// MaxImageBytes caps the compressed layer bytes (DefaultMaxImageBytes).
+	MaxImageBytes int64
+	// MaxTarBytes caps the uncompressed archive bytes read (DefaultMaxTarBytes).
+	MaxTarBytes int64
+	// MaxLayers caps the number of layers (DefaultMaxLayers).
+	MaxLayers int
+	// MaxEntries caps the archive entries examined (DefaultMaxEntries).
+	MaxEntries int
+	// MaxExtractEntries caps the archive entries acted on (DefaultMaxExtractEntries).
+	MaxExtractEntries int
+	// MaxManifestBytes caps a manifest, an index or a config (DefaultMaxManifestBytes).
+	MaxManifestBytes int64
+}
+
+// withDefaults fills the zero fields of l.
+func (l Limits) withDefaults() Limits {
+	if l.MaxImageBytes <= 0 {
+		l.MaxImageBytes = DefaultMaxImageBytes
+	}
+	if l.MaxTarBytes <= 0 {
+		l.MaxTarBytes = DefaultMaxTarBytes
+	}
+	if l.MaxLayers <= 0 {
+		l.MaxLayers = DefaultMaxLayers
+	}
+	if l.MaxEntries <= 0 {
+		l.MaxEntries = DefaultMaxEntries
+	}
+	if l.MaxExtractEntries <= 0 {
+		l.MaxExtractEntries = DefaultMaxExtractEntries
+	}
+	if l.MaxManifestBytes <= 0 {
+		l.MaxManifestBytes = DefaultMaxManifestBytes
+	}
+	return l
+}
+
+// limitError is a limit an image exceeded. It is classified ReasonOther: the same image fails
+// the same way until it changes.
+type limitError struct {
+	// What exceeded the limit, e.g. "the image has 5000 layers".
+	What string
+	// Limit names the limit and Value is its value.
+	Limit string
+	Value int64
+}
+
+func (e *limitError) Error() string {
+	return fmt.Sprintf("%s, over the worker limit %s of %d", e.What, e.Limit, e.Value)
+}
+
+// overLimit returns a classified limit error.
+func overLimit(limit string, value int64, format string, args ...any) error {
+	return &Error{Reason: ReasonOther, Err: &limitError{What: fmt.Sprintf(format, args...), Limit: limit, Value: value}}
+}
+
+// checkManifest checks what the manifest declares against the limits before any layer is read.
+func checkManifest(m *v1.Manifest, l Limits) error {
+	if n := len(m.Layers); n > l.MaxLayers {
+		return overLimit("maxLayers", int64(l.MaxLayers), "the image has %d layers", n)
+	}
+	if m.Config.Size > l.MaxManifestBytes {
+		return overLimit("maxManifestBytes", l.MaxManifestBytes, "the image config is %d bytes", m.Config.Size)
+	}
+	var total int64
+	for i, d := range m.Layers {
+		if d.Size < 0 || d.Size > l.MaxImageBytes-total {
+			return overLimit("maxImageBytes", l.MaxImageBytes, "layers 0 to %d declare %d compressed bytes", i, total+d.Size)
+		}
+		total += d.Size
+	}
+	return nil
+}
+
+// checkImage checks the manifest of img against the limits.
+func checkImage(img v1.Image, l Limits) error {
+	m, err := img.Manifest()
+	if err != nil {
+		return &Error{Reason: ReasonImagePull, Err: fmt.Errorf("reading the image manifest: %w", err)}
+	}
+	return checkManifest(m, l)
+}
