@@ -81,9 +81,9 @@ func extractImage(ctx context.Context, img v1.Image, dir string, spec extractSpe
 type layerStream struct {
 	rc     io.ReadCloser
 	digest v1.Hash
-	count *int64
-	max   int64
-	err   error
+	count  *int64
+	max    int64
+	err    error
 }
 
 func (s *layerStream) Read(p []byte) (int, error) {
