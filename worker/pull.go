@@ -5,11 +5,13 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"runtime"
 	"strings"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
@@ -110,7 +112,7 @@ func newRegistryClient(ctx context.Context, mc kmmv1beta1.ModuleConfig, kc authn
 // default) with certificate verification off when insecureSkipTLSVerify is set.
 func transportFor(tlsOpts kmmv1beta1.TLSOptions, base http.RoundTripper) http.RoundTripper {
 	if base == nil {
-		base = remote.DefaultTransport
+		base = registryTransport()
 	}
 	t, ok := base.(*http.Transport)
 	if !ok || !tlsOpts.InsecureSkipTLSVerify {
@@ -145,4 +147,22 @@ func (r *registryClient) get() (v1.Hash, v1.Image, error) {
 		return v1.Hash{}, nil, pullError(r.ref.String(), err)
 	}
 	return desc.Digest, img, nil
+}
+
+// Transport timeouts: a registry that does not accept the connection, finish the TLS handshake or
+// answer a request's headers in time fails the request (go-containerregistry retries a few times)
+// well before the run's deadline. A body that stalls is cut by the run's deadline.
+const (
+	dialTimeout           = 10 * time.Second
+	tlsHandshakeTimeout   = 10 * time.Second
+	responseHeaderTimeout = 30 * time.Second
+)
+
+// registryTransport is go-containerregistry's default transport with the timeouts above.
+func registryTransport() *http.Transport {
+	t := remote.DefaultTransport.(*http.Transport).Clone()
+	t.DialContext = (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext
+	t.TLSHandshakeTimeout = tlsHandshakeTimeout
+	t.ResponseHeaderTimeout = responseHeaderTimeout
+	return t
 }

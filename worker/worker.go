@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/google/go-containerregistry/pkg/authn"
@@ -31,6 +32,8 @@ type Options struct {
 	MaxExtractBytes int64
 	// Limits bound the rest of the work on one image; zero fields mean their defaults.
 	Limits Limits
+	// Timeout bounds a whole Run (pull, extraction, firmware, modprobe); 0 means DefaultTimeout.
+	Timeout time.Duration
 	// DryRun runs modprobe with -n and -S <kernel>: it resolves modules and prints what it would
 	// do without loading anything. Use it with a sandbox Host.
 	DryRun bool
@@ -62,6 +65,9 @@ func New(opts Options) (*Worker, error) {
 	if opts.Keychain == nil {
 		opts.Keychain = staticKeychain{}
 	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = DefaultTimeout
+	}
 	if opts.MaxExtractBytes <= 0 {
 		opts.MaxExtractBytes = DefaultMaxExtractBytes
 	}
@@ -72,6 +78,8 @@ func New(opts Options) (*Worker, error) {
 // Run carries out action for cfg and reports what happened. It never panics on bad input: every
 // failure is a Failed Result with a Reason.
 func (w *Worker) Run(ctx context.Context, action Action, cfg Config) Result {
+	ctx, cancel := context.WithTimeout(ctx, w.opts.Timeout)
+	defer cancel()
 	res := baseResult(action, cfg)
 	err := w.run(ctx, action, cfg, &res)
 	return finish(res, err)
@@ -123,15 +131,17 @@ func (w *Worker) run(ctx context.Context, action Action, cfg Config, res *Result
 	log.Info("Fetching the kmod image", "image", cfg.Config.ContainerImage, "pullPolicy", cfg.Config.ImagePullPolicy)
 	img, err := w.fetch(ctx, cfg.Config)
 	if err != nil {
-		return err
+		return deadlineError(err, ctx.Err(), w.opts.Timeout, ReasonImagePull, "pulling and extracting the image")
 	}
 	res.ImageDigest, res.FromCache = img.digest.String(), img.fromCache
 	log = log.WithValues("digest", res.ImageDigest)
 	log.Info("Image ready", "fromCache", img.fromCache, "root", img.root)
 	if action == ActionLoad {
-		return w.load(ctx, log, cfg, img.root)
+		err = w.load(ctx, log, cfg, img.root)
+	} else {
+		err = w.unload(ctx, log, cfg, img.root)
 	}
-	return w.unload(ctx, log, cfg, img.root)
+	return deadlineError(err, ctx.Err(), w.opts.Timeout, ReasonOther, string(action)+"ing the module")
 }
 
 // fetched is an image in the cache.
@@ -390,4 +400,14 @@ func modprobeError(what string, args []string, stderr []byte, err error) error {
 		msg += ": " + last
 	}
 	return &Error{Reason: classifyModprobe(string(stderr)), Err: errors.New(msg), Stderr: string(stderr)}
+}
+
+// deadlineError reclassifies the failure of a run whose deadline passed (ctxErr is the run
+// context's error): the message says it timed out and during what, and the reason is the one of
+// that step (ImagePull while pulling and extracting, Other while loading or unloading).
+func deadlineError(err, ctxErr error, timeout time.Duration, reason Reason, during string) error {
+	if err == nil || !errors.Is(ctxErr, context.DeadlineExceeded) {
+		return err
+	}
+	return &Error{Reason: reason, Err: fmt.Errorf("timed out after %s while %s: %w", timeout, during, err), Stderr: stderrOf(err)}
 }

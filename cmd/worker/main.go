@@ -3,7 +3,13 @@
 //
 //	worker load|unload --config <file> [--pull-secret <docker-config>] [--cache-dir <dir>]
 //	       [--host-root <dir>] [--termination-log <file>] [--dry-run] [--modprobe <path>]
-//	       [--max-extract-bytes <n>] [--log-level <level>] [--log-console]
+//	       [--timeout <duration>] [--max-extract-bytes <n>] [--max-image-bytes <n>]
+//	       [--max-tar-bytes <n>] [--log-level <level>] [--log-console]
+//
+// --timeout (default 4m, worker.DefaultTimeout) bounds the whole run: pull, extraction, firmware
+// and modprobe. A run that reaches it still writes a Result: ImagePull ("timed out after …") when
+// it was pulling or extracting, Other when it was loading or unloading. The operator gives the pod
+// an activeDeadlineSeconds above it. docs/worker-limits.md lists every limit.
 //
 // Exit status: 0 the action succeeded; 1 it failed (the result says why); 2 usage error (no
 // result written); 3 the result could not be written.
@@ -20,6 +26,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/go-logr/logr"
 
@@ -52,6 +59,9 @@ type flags struct {
 	terminationLog string
 	modprobe       string
 	maxBytes       int64
+	maxImageBytes  int64
+	maxTarBytes    int64
+	timeout        time.Duration
 	dryRun         bool
 	logLevel       string
 	logConsole     bool
@@ -73,6 +83,9 @@ func parseFlags(args []string, errOut io.Writer) (flags, error) {
 	fs.StringVar(&f.terminationLog, "termination-log", "/dev/termination-log", "File the JSON result is written to.")
 	fs.StringVar(&f.modprobe, "modprobe", "/usr/sbin/modprobe", "The modprobe binary.")
 	fs.Int64Var(&f.maxBytes, "max-extract-bytes", worker.DefaultMaxExtractBytes, "Cap on the file bytes extracted from the image.")
+	fs.Int64Var(&f.maxImageBytes, "max-image-bytes", worker.DefaultMaxImageBytes, "Cap on the compressed bytes of the image's layers.")
+	fs.Int64Var(&f.maxTarBytes, "max-tar-bytes", worker.DefaultMaxTarBytes, "Cap on the uncompressed archive bytes read from the image's layers, skipped entries included.")
+	fs.DurationVar(&f.timeout, "timeout", worker.DefaultTimeout, "Deadline of the whole run (pull, extraction, firmware, modprobe); a run that reaches it reports a timed-out result.")
 	fs.BoolVar(&f.dryRun, "dry-run", false, "Run modprobe -n -S <kernel> and treat --host-root as a sandbox directory (which must not be /).")
 	fs.StringVar(&f.logLevel, "log-level", "info", "Log level: debug, info, warn or error.")
 	fs.BoolVar(&f.logConsole, "log-console", false, "Log human-readable text instead of JSON.")
@@ -99,6 +112,8 @@ func (f flags) check() error {
 		return fmt.Errorf("the action must be load or unload, got %q", f.action)
 	case f.config == "":
 		return errors.New("--config is required")
+	case f.timeout <= 0:
+		return fmt.Errorf("--timeout must be positive, got %s", f.timeout)
 	case f.dryRun && filepath.Clean(f.hostRoot) == "/":
 		return errors.New("--dry-run needs --host-root pointing at a sandbox directory, not /")
 	}
@@ -153,6 +168,8 @@ func execute(ctx context.Context, f flags, log logr.Logger) worker.Result {
 		CacheDir:        f.cacheDir,
 		Keychain:        kc,
 		MaxExtractBytes: f.maxBytes,
+		Limits:          worker.Limits{MaxImageBytes: f.maxImageBytes, MaxTarBytes: f.maxTarBytes},
+		Timeout:         f.timeout,
 		DryRun:          f.dryRun,
 		Modprobe:        worker.ExecModprobe{Path: f.modprobe},
 		Host:            host,

@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
@@ -248,5 +249,29 @@ func TestUnwritableTerminationLog(t *testing.T) {
 	args := []string{"load", "--config", e.config, "--host-root", e.hostRoot, "--dry-run", "--termination-log", filepath.Join(e.dir, "missing", "log")}
 	if code := run(context.Background(), args, &stdout, &stderr); code != exitResultWrite || !strings.Contains(stderr.String(), "writing the result") {
 		t.Errorf("exit %d, stderr %q", code, stderr.String())
+	}
+}
+
+// TestTimeoutWritesAClassifiedResult: with --timeout, a registry that never answers makes the
+// worker write an ImagePull result saying it timed out, soon after the timeout.
+func TestTimeoutWritesAClassifiedResult(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) { <-r.Context().Done() }))
+	t.Cleanup(srv.Close)
+	ref := strings.TrimPrefix(srv.URL, "http://") + "/kmod/stall:v1"
+	e := newEnv(t, fmt.Sprintf(`{"namespace":"ns","name":"m","config":{"kernelVersion":%q,"containerImage":%q,"modprobe":{"moduleName":"kmm_cmd"}}}`, kernel, ref))
+	var stdout, stderr bytes.Buffer
+	start := time.Now()
+	code := run(context.Background(), e.args("load", "--timeout", "1s"), &stdout, &stderr)
+	elapsed := time.Since(start)
+	res := e.result(t)
+	if code != exitFailed || res.Reason != worker.ReasonImagePull || !strings.Contains(res.Message, "timed out after 1s") || elapsed > 10*time.Second {
+		t.Errorf("exit %d after %v, result %+v; want exit 1 with ImagePull saying it timed out after 1s", code, elapsed, res)
+	}
+	f, err := parseFlags([]string{"load", "--config", "c"}, io.Discard)
+	if err != nil || f.timeout != worker.DefaultTimeout {
+		t.Errorf("default timeout %v (%v), want %v", f.timeout, err, worker.DefaultTimeout)
+	}
+	if _, err := parseFlags([]string{"load", "--config", "c", "--timeout", "0s"}, io.Discard); err == nil {
+		t.Errorf("a zero timeout was accepted")
 	}
 }
