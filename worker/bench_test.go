@@ -63,7 +63,7 @@ func pullExtract(b *testing.B, ref string) time.Duration {
 	}
 	b.StartTimer()
 	start := time.Now()
-	got, err := w.fetch(context.Background(), testConfig(ref).Config)
+	got, err := w.fetch(context.Background(), "default", testConfig(ref).Config)
 	elapsed := time.Since(start)
 	if err != nil || got.fromCache {
 		b.Fatalf("pull+extract: %v (fromCache %v)", err, got.fromCache)

@@ -134,5 +134,29 @@ func (c cache) removeStale() {
 	}
 }
 
+// accessFile is the record that the identity id proved access to the digest d.
+func (c cache) accessFile(d v1.Hash, id string) string {
+	return filepath.Join(c.dir, "access", d.Hex, id)
+}
+
+// hasAccess reports whether id proved access to d.
+func (c cache) hasAccess(d v1.Hash, id string) bool {
+	_, err := os.Stat(c.accessFile(d, id))
+	return err == nil
+}
+
+// recordAccess records that id proved access to d.
+func (c cache) recordAccess(d v1.Hash, id string) error {
+	file := c.accessFile(d, id)
+	if err := os.MkdirAll(filepath.Dir(file), 0o750); err != nil {
+		return err
+	}
+	return os.WriteFile(file, nil, 0o600)
+}
+
+// errNotProven is returned with imagePullPolicy Never when the image is cached but this Module's
+// credentials never proved access to it.
+var errNotProven = errors.New("the image is cached, but this Module's credentials have not proven access to it and imagePullPolicy is Never, which forbids asking the registry")
+
 // errNotCached is returned with imagePullPolicy Never when the image is not in the cache.
 var errNotCached = errors.New("the image is not in the cache and imagePullPolicy is Never")

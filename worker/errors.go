@@ -65,6 +65,10 @@ func stderrOf(err error) string {
 // pullError classifies a registry error as ImagePull with a message that says what kind of problem
 // it is (authentication, TLS, missing image) before the library's own text.
 func pullError(image string, err error) error {
+	var le *limitError
+	if errors.As(err, &le) {
+		return &Error{Reason: ReasonOther, Err: fmt.Errorf("pulling %s: %w", image, le)}
+	}
 	return &Error{Reason: ReasonImagePull, Err: fmt.Errorf("pulling %s: %s: %w", image, describePullError(err), err)}
 }
 

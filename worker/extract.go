@@ -288,7 +288,7 @@ func (x *extractor) mkdir(p string) error {
 
 func (x *extractor) writeFile(r io.Reader, hdr *tar.Header, p string) error {
 	if hdr.Size > x.spec.MaxBytes-x.written {
-		return fmt.Errorf("%d bytes would exceed the extraction size cap of %d bytes (%d already written)", hdr.Size, x.spec.MaxBytes, x.written)
+		return fmt.Errorf("%d bytes would exceed the extraction size cap of %d bytes (worker limit maxExtractBytes; %d already written)", hdr.Size, x.spec.MaxBytes, x.written)
 	}
 	if err := x.root.MkdirAll(path.Dir(p), 0o755); err != nil {
 		return err

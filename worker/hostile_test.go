@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -26,7 +27,9 @@ func TestHostileOrBrokenImages(t *testing.T) {
 		name     string
 		extra    []entry
 		raw      []byte // a raw (non-tar) layer instead of extra
+		img      func(t *testing.T) v1.Image
 		maxBytes int64
+		limits   Limits
 		kernel   string
 		firmware string
 		reason   Reason
@@ -50,6 +53,22 @@ func TestHostileOrBrokenImages(t *testing.T) {
 			reason: ReasonOther, want: []string{kd + "/p", "fifo"}},
 		{name: "layer over the cap", extra: []entry{file(kd+"/big.ko", strings.Repeat("x", 200<<10))}, maxBytes: 100 << 10,
 			reason: ReasonOther, want: []string{kd + "/big.ko", "exceed the extraction size cap of 102400 bytes"}},
+		{name: "too many layers", img: func(t *testing.T) v1.Image {
+			return image(t, kmodEntries(t, "opt"), []entry{file("a", "1")}, []entry{file("b", "2")}, []entry{file("c", "3")}, []entry{file("d", "4")})
+		}, limits: Limits{MaxLayers: 4},
+			reason: ReasonOther, want: []string{"the image has 5 layers", "over the worker limit maxLayers of 4"}},
+		{name: "too many entries examined", extra: manyFiles("usr/share/doc/", 60), limits: Limits{MaxEntries: 50},
+			reason: ReasonOther, want: []string{"more than 50 archive entries", "maxEntries of 50"}},
+		{name: "too many entries extracted", extra: manyFiles(kd+"/extra/many/", 60), limits: Limits{MaxExtractEntries: 50},
+			reason: ReasonOther, want: []string{"more than 50 entries in the extracted directories", "maxExtractEntries of 50"}},
+		{name: "too many compressed bytes", limits: Limits{MaxImageBytes: 1000},
+			reason: ReasonOther, want: []string{"compressed bytes", "maxImageBytes of 1000"}},
+		{name: "too many uncompressed bytes in skipped entries", extra: []entry{file("usr/share/big", strings.Repeat("z", 2<<20))}, limits: Limits{MaxTarBytes: 1 << 20},
+			reason: ReasonOther, want: []string{"more than 1048576 uncompressed bytes", "maxTarBytes of 1048576"}},
+		{name: "manifest over the cap", img: func(t *testing.T) v1.Image {
+			return mutate.Annotations(image(t, kmodEntries(t, "opt")), map[string]string{"padding": strings.Repeat("p", 64<<10)}).(v1.Image)
+		}, limits: Limits{MaxManifestBytes: 32 << 10},
+			reason: ReasonOther, want: []string{"the manifest is", "maxManifestBytes of 32768"}},
 		{name: "missing kernel directory", kernel: "6.9.9-absent",
 			reason: ReasonNotFound, want: []string{"no directory /opt/lib/modules/6.9.9-absent", "kernel directories in the image: " + testKernel}},
 		{name: "missing firmware directory", firmware: "/firmware",
@@ -61,7 +80,9 @@ func TestHostileOrBrokenImages(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			reg := newTestRegistry(t, registryOpts{})
 			img := image(t, kmodEntries(t, "opt"))
-			if tc.raw != nil {
+			if tc.img != nil {
+				img = tc.img(t)
+			} else if tc.raw != nil {
 				img = appendRawLayer(t, img, tc.raw)
 			} else if tc.extra != nil {
 				img = image(t, kmodEntries(t, "opt"), tc.extra)
@@ -74,7 +95,7 @@ func TestHostileOrBrokenImages(t *testing.T) {
 			}
 			cfg.Config.Modprobe.FirmwarePath = tc.firmware
 			m := newRecorder(t)
-			res := newTestWorker(t, s, m, func(o *Options) { o.MaxExtractBytes = tc.maxBytes }).Run(context.Background(), ActionLoad, cfg)
+			res := newTestWorker(t, s, m, func(o *Options) { o.MaxExtractBytes, o.Limits = tc.maxBytes, tc.limits }).Run(context.Background(), ActionLoad, cfg)
 
 			t.Logf("message: %s", res.Message)
 			if res.Outcome != OutcomeFailed || res.Reason != tc.reason {
@@ -198,9 +219,18 @@ func TestAnUnfinishedExtractionIsNotTrusted(t *testing.T) {
 
 func mustRef(t *testing.T, ref string) string {
 	t.Helper()
-	reg, err := newRegistryClient(context.Background(), testConfig(ref).Config, staticKeychain{}, nil)
+	reg, err := newRegistryClient(context.Background(), testConfig(ref).Config, staticKeychain{}, nil, DefaultMaxManifestBytes)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return reg.ref.Name()
+}
+
+// manyFiles returns n small files in the archive directory prefix.
+func manyFiles(prefix string, n int) []entry {
+	out := make([]entry, 0, n)
+	for i := range n {
+		out = append(out, file(fmt.Sprintf("%sf%05d", prefix, i), "x"))
+	}
+	return out
 }

@@ -29,7 +29,7 @@ const (
 	DefaultMaxEntries = 100_000
 	// DefaultMaxExtractEntries caps the entries acted on (files, directories, links and whiteouts
 	// inside the wanted directories) across all layers.
-	DefaultMaxExtractEntries = 20_000
+	DefaultMaxExtractEntries = 10_000
 	// DefaultMaxManifestBytes caps an image manifest, an index and an image config.
 	DefaultMaxManifestBytes int64 = 4 << 20
 )

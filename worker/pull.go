@@ -2,9 +2,12 @@ package worker
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -90,7 +93,7 @@ type registryClient struct {
 	opts []remote.Option
 }
 
-func newRegistryClient(ctx context.Context, mc kmmv1beta1.ModuleConfig, kc authn.Keychain, base http.RoundTripper) (*registryClient, error) {
+func newRegistryClient(ctx context.Context, mc kmmv1beta1.ModuleConfig, kc authn.Keychain, base http.RoundTripper, maxManifest int64) (*registryClient, error) {
 	var nameOpts []name.Option
 	if mc.RegistryTLS.Insecure {
 		nameOpts = append(nameOpts, name.Insecure)
@@ -102,7 +105,7 @@ func newRegistryClient(ctx context.Context, mc kmmv1beta1.ModuleConfig, kc authn
 	return &registryClient{ref: ref, opts: []remote.Option{
 		remote.WithContext(ctx),
 		remote.WithAuthFromKeychain(kc),
-		remote.WithTransport(transportFor(mc.RegistryTLS, base)),
+		remote.WithTransport(manifestLimiter{base: transportFor(mc.RegistryTLS, base), max: maxManifest}),
 		remote.WithPlatform(v1.Platform{OS: "linux", Architecture: runtime.GOARCH}),
 		remote.WithUserAgent("kmm-worker"),
 	}}, nil
@@ -135,6 +138,28 @@ func (r *registryClient) head() (v1.Hash, error) {
 	return desc.Digest, nil
 }
 
+// headDigest checks with one manifest HEAD request that the credentials may pull the digest d
+// from the reference's repository.
+func (r *registryClient) headDigest(d v1.Hash) error {
+	if _, err := remote.Head(r.ref.Context().Digest(d.String()), r.opts...); err != nil {
+		return pullError(r.ref.String(), err)
+	}
+	return nil
+}
+
+// accessIdentity names who asks for an image: the Module's namespace, the registry and the
+// credentials the keychain gives for it (hashed; anonymous counts as credentials too).
+func accessIdentity(namespace string, reg name.Registry, kc authn.Keychain) string {
+	var cred []byte
+	if auth, err := kc.Resolve(reg); err == nil {
+		if ac, err := auth.Authorization(); err == nil {
+			cred, _ = json.Marshal(ac)
+		}
+	}
+	sum := sha256.Sum256([]byte(namespace + "\x00" + reg.RegistryStr() + "\x00" + string(cred)))
+	return hex.EncodeToString(sum[:])
+}
+
 // get fetches the manifest and returns the digest the reference resolves to and the image (the
 // platform's image of an index).
 func (r *registryClient) get() (v1.Hash, v1.Image, error) {
@@ -165,4 +190,47 @@ func registryTransport() *http.Transport {
 	t.TLSHandshakeTimeout = tlsHandshakeTimeout
 	t.ResponseHeaderTimeout = responseHeaderTimeout
 	return t
+}
+
+// manifestLimiter refuses manifest responses (images and indexes) over max bytes, before
+// go-containerregistry reads them into memory (it allows 100 MiB).
+type manifestLimiter struct {
+	base http.RoundTripper
+	max  int64
+}
+
+// RoundTrip implements http.RoundTripper.
+func (m manifestLimiter) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := m.base.RoundTrip(req)
+	if err != nil || !strings.Contains(req.URL.Path, "/manifests/") {
+		return resp, err
+	}
+	if resp.ContentLength > m.max {
+		_ = resp.Body.Close()
+		return nil, m.tooBig(resp.ContentLength)
+	}
+	resp.Body = &limitedBody{ReadCloser: resp.Body, left: m.max, err: m.tooBig(-1)}
+	return resp, nil
+}
+
+func (m manifestLimiter) tooBig(n int64) error {
+	if n < 0 {
+		return overLimit("maxManifestBytes", m.max, "the manifest is more than %d bytes", m.max)
+	}
+	return overLimit("maxManifestBytes", m.max, "the manifest is %d bytes", n)
+}
+
+// limitedBody fails with err once more than left bytes were read.
+type limitedBody struct {
+	io.ReadCloser
+	left int64
+	err  error
+}
+
+func (b *limitedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if b.left -= int64(n); b.left < 0 {
+		return n, b.err
+	}
+	return n, err
 }

@@ -129,7 +129,7 @@ func (w *Worker) run(ctx context.Context, action Action, cfg Config, res *Result
 	}
 	res.BootID = bootID
 	log.Info("Fetching the kmod image", "image", cfg.Config.ContainerImage, "pullPolicy", cfg.Config.ImagePullPolicy)
-	img, err := w.fetch(ctx, cfg.Config)
+	img, err := w.fetch(ctx, cfg.Namespace, cfg.Config)
 	if err != nil {
 		return deadlineError(err, ctx.Err(), w.opts.Timeout, ReasonImagePull, "pulling and extracting the image")
 	}
@@ -152,19 +152,21 @@ type fetched struct {
 }
 
 // fetch makes sure the image's wanted subtrees are in the cache, asking the registry only when the
-// digest is unknown (or imagePullPolicy is Always) or the entry is missing.
-func (w *Worker) fetch(ctx context.Context, mc kmmv1beta1.ModuleConfig) (fetched, error) {
-	reg, err := newRegistryClient(ctx, mc, w.opts.Keychain, w.opts.Transport)
+// digest is unknown (or imagePullPolicy is Always), the entry is missing, or this Module's
+// credentials have not yet proven access to the digest (see cachedFor).
+func (w *Worker) fetch(ctx context.Context, namespace string, mc kmmv1beta1.ModuleConfig) (fetched, error) {
+	reg, err := newRegistryClient(ctx, mc, w.opts.Keychain, w.opts.Transport, w.opts.Limits.MaxManifestBytes)
 	if err != nil {
 		return fetched{}, err
 	}
 	c, key := cache{dir: w.opts.CacheDir}, extractKey(mc)
+	id := accessIdentity(namespace, reg.ref.Context().Registry, w.opts.Keychain)
 	d, known, err := knownDigest(reg, c, mc.ImagePullPolicy)
 	if err != nil {
 		return fetched{}, err
 	}
 	if known && c.has(d, key) {
-		return fetched{digest: d, root: c.entry(d, key), fromCache: true}, nil
+		return w.cachedFor(reg, c, d, key, id, mc.ImagePullPolicy)
 	}
 	if mc.ImagePullPolicy == corev1.PullNever {
 		return fetched{}, &Error{Reason: ReasonImagePull, Err: fmt.Errorf("%s: %w", mc.ContainerImage, errNotCached)}
@@ -189,12 +191,39 @@ func (w *Worker) fetch(ctx context.Context, mc kmmv1beta1.ModuleConfig) (fetched
 			return fetched{}, classified(ReasonOther, fmt.Errorf("extracting %s: %w", mc.ContainerImage, err))
 		}
 	}
+	w.remember(c, reg, d, id)
+	return out, nil
+}
+
+// cachedFor returns the cached entry of d when the identity id has proven access to it: recorded
+// in the cache, or proven now with one manifest HEAD request for the digest with the Module's
+// credentials (imagePullPolicy Always already asked the registry). With imagePullPolicy Never an
+// unproven identity fails: Never forbids asking the registry, and the cache must not hand a
+// private image to a Module that may not pull it.
+func (w *Worker) cachedFor(reg *registryClient, c cache, d v1.Hash, key, id string, policy corev1.PullPolicy) (fetched, error) {
+	out := fetched{digest: d, root: c.entry(d, key), fromCache: true}
+	if policy != corev1.PullAlways && !c.hasAccess(d, id) {
+		if policy == corev1.PullNever {
+			return fetched{}, &Error{Reason: ReasonImagePull, Err: fmt.Errorf("%s: %w", reg.ref, errNotProven)}
+		}
+		if err := reg.headDigest(d); err != nil {
+			return fetched{}, err
+		}
+	}
+	w.remember(c, reg, d, id)
+	return out, nil
+}
+
+// remember records that id may use d and, for a tag, the digest it resolved to.
+func (w *Worker) remember(c cache, reg *registryClient, d v1.Hash, id string) {
+	if err := c.recordAccess(d, id); err != nil {
+		w.opts.Log.Error(err, "Could not record the access check; the next run will ask the registry again")
+	}
 	if _, isTag := reg.ref.(name.Tag); isTag {
 		if err := c.recordRef(reg.ref.Name(), d); err != nil {
 			w.opts.Log.Error(err, "Could not record the image digest; the next run will ask the registry again")
 		}
 	}
-	return out, nil
 }
 
 // knownDigest returns the digest of the reference when it is known without downloading the
