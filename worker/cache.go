@@ -20,6 +20,9 @@ import (
 // cache is the digest-keyed store of extracted images described in the package documentation.
 type cache struct {
 	dir string
+	// staleAfter, when longer than staleExtraction, is how old an unfinished extraction must be
+	// before it is removed (twice the run deadline: no running extraction is that old).
+	staleAfter time.Duration
 }
 
 // staleExtraction is how old an unfinished extraction directory must be before a run removes it.
@@ -128,7 +131,7 @@ func (c cache) removeStale() {
 		if !strings.HasPrefix(e.Name(), ".extract-") {
 			continue
 		}
-		if info, err := e.Info(); err == nil && time.Since(info.ModTime()) > staleExtraction {
+		if info, err := e.Info(); err == nil && time.Since(info.ModTime()) > max(staleExtraction, c.staleAfter) {
 			_ = os.RemoveAll(filepath.Join(c.dir, e.Name()))
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -34,6 +35,11 @@ type Options struct {
 	Limits Limits
 	// Timeout bounds a whole Run (pull, extraction, firmware, modprobe); 0 means DefaultTimeout.
 	Timeout time.Duration
+	// CacheBudget is the cache size that eviction restores after a new entry is filled; 0 means
+	// DefaultCacheBudget.
+	CacheBudget int64
+	// CacheMaxAge is how long an entry that no tag record names stays unused; 0 means DefaultCacheMaxAge.
+	CacheMaxAge time.Duration
 	// DryRun runs modprobe with -n and -S <kernel>: it resolves modules and prints what it would
 	// do without loading anything. Use it with a sandbox Host.
 	DryRun bool
@@ -70,6 +76,12 @@ func New(opts Options) (*Worker, error) {
 	}
 	if opts.MaxExtractBytes <= 0 {
 		opts.MaxExtractBytes = DefaultMaxExtractBytes
+	}
+	if opts.CacheBudget <= 0 {
+		opts.CacheBudget = DefaultCacheBudget
+	}
+	if opts.CacheMaxAge <= 0 {
+		opts.CacheMaxAge = DefaultCacheMaxAge
 	}
 	opts.Limits = opts.Limits.withDefaults()
 	return &Worker{opts: opts}, nil
@@ -130,6 +142,9 @@ func (w *Worker) run(ctx context.Context, action Action, cfg Config, res *Result
 	res.BootID = bootID
 	log.Info("Fetching the kmod image", "image", cfg.Config.ContainerImage, "pullPolicy", cfg.Config.ImagePullPolicy)
 	img, err := w.fetch(ctx, cfg.Namespace, cfg.Config)
+	if img.release != nil {
+		defer img.release()
+	}
 	if err != nil {
 		return deadlineError(err, ctx.Err(), w.opts.Timeout, ReasonImagePull, "pulling and extracting the image")
 	}
@@ -149,6 +164,8 @@ type fetched struct {
 	digest    v1.Hash
 	root      string
 	fromCache bool
+	// release releases the shared lock on the digest that keeps eviction away while it is used.
+	release func()
 }
 
 // fetch makes sure the image's wanted subtrees are in the cache, asking the registry only when the
@@ -159,14 +176,21 @@ func (w *Worker) fetch(ctx context.Context, namespace string, mc kmmv1beta1.Modu
 	if err != nil {
 		return fetched{}, err
 	}
-	c, key := cache{dir: w.opts.CacheDir}, extractKey(mc)
+	c, key := cache{dir: w.opts.CacheDir, staleAfter: 2 * w.opts.Timeout}, extractKey(mc)
 	id := accessIdentity(namespace, reg.ref.Context().Registry, w.opts.Keychain)
 	d, known, err := knownDigest(reg, c, mc.ImagePullPolicy)
 	if err != nil {
 		return fetched{}, err
 	}
-	if known && c.has(d, key) {
-		return w.cachedFor(reg, c, d, key, id, mc.ImagePullPolicy)
+	var release func()
+	if known {
+		release = w.lockDigest(c, d)
+		if c.has(d, key) {
+			out, err := w.cachedFor(reg, c, d, key, id, mc.ImagePullPolicy)
+			out.release = release
+			return out, err
+		}
+		release()
 	}
 	if mc.ImagePullPolicy == corev1.PullNever {
 		return fetched{}, &Error{Reason: ReasonImagePull, Err: fmt.Errorf("%s: %w", mc.ContainerImage, errNotCached)}
@@ -178,7 +202,8 @@ func (w *Worker) fetch(ctx context.Context, namespace string, mc kmmv1beta1.Modu
 	if err := checkImage(img, w.opts.Limits); err != nil {
 		return fetched{}, err
 	}
-	out := fetched{digest: d, root: c.entry(d, key), fromCache: c.has(d, key)}
+	release = w.lockDigest(c, d)
+	out := fetched{digest: d, root: c.entry(d, key), fromCache: c.has(d, key), release: release}
 	if !out.fromCache {
 		spec := extractSpec{
 			Filter:      newFilter(mc),
@@ -188,8 +213,9 @@ func (w *Worker) fetch(ctx context.Context, namespace string, mc kmmv1beta1.Modu
 			Limits:      w.opts.Limits,
 		}
 		if err := c.fill(ctx, d, key, img, spec); err != nil {
-			return fetched{}, classified(ReasonOther, fmt.Errorf("extracting %s: %w", mc.ContainerImage, err))
+			return fetched{release: release}, classified(ReasonOther, fmt.Errorf("extracting %s: %w", mc.ContainerImage, err))
 		}
+		w.evict(c)
 	}
 	w.remember(c, reg, d, id)
 	return out, nil
@@ -212,6 +238,30 @@ func (w *Worker) cachedFor(reg *registryClient, c cache, d v1.Hash, key, id stri
 	}
 	w.remember(c, reg, d, id)
 	return out, nil
+}
+
+// lockDigest takes the shared lock of d (eviction skips a locked entry) and returns its release.
+// Without the lock (a cache that cannot hold lock files) the run goes on: eviction then may remove
+// the entry under it, which makes a later run download it again.
+func (w *Worker) lockDigest(c cache, d v1.Hash) func() {
+	release, err := c.lock(d.Hex, syscall.LOCK_SH)
+	if err != nil {
+		w.opts.Log.Error(err, "Could not lock the cache entry")
+		return func() {}
+	}
+	c.use(d.Hex)
+	return release
+}
+
+// evict applies the eviction rule after a new entry was filled.
+func (w *Worker) evict(c cache) {
+	removed, err := c.evict(time.Now(), w.opts.CacheMaxAge, w.opts.CacheBudget)
+	if err != nil {
+		w.opts.Log.Error(err, "Cache eviction failed")
+	}
+	if len(removed) > 0 {
+		w.opts.Log.Info("Evicted cache entries", "digests", removed)
+	}
 }
 
 // remember records that id may use d and, for a tag, the digest it resolved to.

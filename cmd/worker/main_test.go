@@ -21,6 +21,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
@@ -31,7 +32,7 @@ import (
 
 const kernel = "6.1.0-kmmcmd"
 
-func tool(t *testing.T, name, pkg string) string {
+func tool(t testing.TB, name, pkg string) string {
 	t.Helper()
 	for _, d := range []string{"/usr/sbin", "/sbin", "/usr/bin"} {
 		if _, err := os.Stat(filepath.Join(d, name)); err == nil {
@@ -44,7 +45,15 @@ func tool(t *testing.T, name, pkg string) string {
 
 // pushKmodImage builds a one-module kmod image (gcc, depmod) and pushes it to a loopback registry
 // behind basic auth kmm:pw; it returns the image reference and the registry host.
-func pushKmodImage(t *testing.T) (string, string) {
+func pushKmodImage(t testing.TB) (string, string) {
+	t.Helper()
+	img := kmodImage(t)
+	host := authRegistry(t)
+	return pushTo(t, host, "kmod/cmd:v1", img), host
+}
+
+// kmodImage builds a one-module kmod image with gcc and depmod.
+func kmodImage(t testing.TB) v1.Image {
 	t.Helper()
 	src := t.TempDir()
 	modDir := filepath.Join(src, "lib/modules", kernel, "extra")
@@ -93,6 +102,12 @@ static const char v[] __attribute__((section(".modinfo"), used, aligned(1))) = "
 	if err != nil {
 		t.Fatal(err)
 	}
+	return img
+}
+
+// authRegistry starts a loopback registry behind basic auth kmm:pw and returns its host.
+func authRegistry(t testing.TB) string {
+	t.Helper()
 	inner := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if u, p, ok := r.BasicAuth(); !ok || u != "kmm" || p != "pw" {
@@ -103,13 +118,18 @@ static const char v[] __attribute__((section(".modinfo"), used, aligned(1))) = "
 		inner.ServeHTTP(w, r)
 	}))
 	t.Cleanup(srv.Close)
-	host := strings.TrimPrefix(srv.URL, "http://")
-	ref := host + "/kmod/cmd:v1"
+	return strings.TrimPrefix(srv.URL, "http://")
+}
+
+// pushTo pushes img as host/repo and returns the reference.
+func pushTo(t testing.TB, host, repo string, img v1.Image) string {
+	t.Helper()
+	ref := host + "/" + repo
 	tag, _ := name.ParseReference(ref)
 	if err := remote.Write(tag, img, remote.WithAuth(&authn.Basic{Username: "kmm", Password: "pw"})); err != nil {
 		t.Fatal(err)
 	}
-	return ref, host
+	return ref
 }
 
 // env is a sandbox for one command run.
@@ -117,7 +137,7 @@ type env struct {
 	dir, config, secret, hostRoot, cache, termLog string
 }
 
-func newEnv(t *testing.T, configJSON string) env {
+func newEnv(t testing.TB, configJSON string) env {
 	t.Helper()
 	d := t.TempDir()
 	e := env{dir: d, config: filepath.Join(d, "config"), secret: filepath.Join(d, "secret.json"), hostRoot: filepath.Join(d, "host"),
@@ -139,7 +159,7 @@ func (e env) args(action string, extra ...string) []string {
 		"--termination-log", e.termLog, "--dry-run", "--log-console"}, extra...)
 }
 
-func (e env) result(t *testing.T) worker.Result {
+func (e env) result(t testing.TB) worker.Result {
 	t.Helper()
 	data, err := os.ReadFile(e.termLog)
 	if err != nil {
