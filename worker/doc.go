@@ -19,7 +19,16 @@
 //	<cacheDir>/refs/<sha256(reference)>.json the digest a tag resolved to, so that a later run with
 //	                                         imagePullPolicy other than Always makes no registry request
 //	<cacheDir>/.extract-*                    extractions in progress (removed on failure)
+//	<cacheDir>/access/<digest-hex>/<identity> the credential identities (namespace, registry and
+//	                                         credentials, hashed) that proved access to a digest
+//	<cacheDir>/locks/<digest-hex>            flock held shared by every run using the digest;
+//	                                         eviction takes it exclusively or skips the entry
+//	<cacheDir>/.evict-*                      entries being removed by eviction
 //
 // The extract key hashes the kernel version, dirName and firmwarePath, because one image may serve
 // several kernels and only the subtree for one is extracted at a time.
+//
+// Every run is bounded (Limits, Options.Timeout) and every limit breach is a classified failure;
+// docs/worker-limits.md lists the limits, the eviction rule, the credential check and the modprobe
+// path check.
 package worker

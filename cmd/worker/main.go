@@ -4,7 +4,8 @@
 //	worker load|unload --config <file> [--pull-secret <docker-config>] [--cache-dir <dir>]
 //	       [--host-root <dir>] [--termination-log <file>] [--dry-run] [--modprobe <path>]
 //	       [--timeout <duration>] [--max-extract-bytes <n>] [--max-image-bytes <n>]
-//	       [--max-tar-bytes <n>] [--log-level <level>] [--log-console]
+//	       [--max-tar-bytes <n>] [--cache-budget-bytes <n>] [--cache-max-age <duration>]
+//	       [--log-level <level>] [--log-console]
 //
 // --timeout (default 4m, worker.DefaultTimeout) bounds the whole run: pull, extraction, firmware
 // and modprobe. A run that reaches it still writes a Result: ImagePull ("timed out after …") when
@@ -62,6 +63,8 @@ type flags struct {
 	maxImageBytes  int64
 	maxTarBytes    int64
 	timeout        time.Duration
+	cacheBudget    int64
+	cacheMaxAge    time.Duration
 	dryRun         bool
 	logLevel       string
 	logConsole     bool
@@ -85,6 +88,8 @@ func parseFlags(args []string, errOut io.Writer) (flags, error) {
 	fs.Int64Var(&f.maxBytes, "max-extract-bytes", worker.DefaultMaxExtractBytes, "Cap on the file bytes extracted from the image.")
 	fs.Int64Var(&f.maxImageBytes, "max-image-bytes", worker.DefaultMaxImageBytes, "Cap on the compressed bytes of the image's layers.")
 	fs.Int64Var(&f.maxTarBytes, "max-tar-bytes", worker.DefaultMaxTarBytes, "Cap on the uncompressed archive bytes read from the image's layers, skipped entries included.")
+	fs.Int64Var(&f.cacheBudget, "cache-budget-bytes", worker.DefaultCacheBudget, "Size the cache is brought back under (least recently used first) after a new entry is filled.")
+	fs.DurationVar(&f.cacheMaxAge, "cache-max-age", worker.DefaultCacheMaxAge, "Cache entries no tag record names are removed after this long unused.")
 	fs.DurationVar(&f.timeout, "timeout", worker.DefaultTimeout, "Deadline of the whole run (pull, extraction, firmware, modprobe); a run that reaches it reports a timed-out result.")
 	fs.BoolVar(&f.dryRun, "dry-run", false, "Run modprobe -n -S <kernel> and treat --host-root as a sandbox directory (which must not be /).")
 	fs.StringVar(&f.logLevel, "log-level", "info", "Log level: debug, info, warn or error.")
@@ -170,6 +175,8 @@ func execute(ctx context.Context, f flags, log logr.Logger) worker.Result {
 		MaxExtractBytes: f.maxBytes,
 		Limits:          worker.Limits{MaxImageBytes: f.maxImageBytes, MaxTarBytes: f.maxTarBytes},
 		Timeout:         f.timeout,
+		CacheBudget:     f.cacheBudget,
+		CacheMaxAge:     f.cacheMaxAge,
 		DryRun:          f.dryRun,
 		Modprobe:        worker.ExecModprobe{Path: f.modprobe},
 		Host:            host,
