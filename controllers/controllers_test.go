@@ -214,8 +214,8 @@ func TestWorkerFailureBacksOffAndFixingTheImageRecovers(t *testing.T) {
 		return st != nil && st.Attempts >= 2, "two failed attempts: " + describe(pairStatus(n, tb.ns, "nic"))
 	})
 	st := pairStatus(n, tb.ns, "nic")
-	if !strings.Contains(st.Message, "ImagePull") {
-		t.Errorf("status message %q does not give the reason class", st.Message)
+	if st.Reason != "ImagePull" || !strings.Contains(st.Message, "MANIFEST_UNKNOWN") {
+		t.Errorf("status reason %q, message %q: the failure class is not given as data", st.Reason, st.Message)
 	}
 	eventually(t, 20*time.Second, func() (bool, string) {
 		got := &kmmv1beta1.Module{}
@@ -227,11 +227,11 @@ func TestWorkerFailureBacksOffAndFixingTheImageRecovers(t *testing.T) {
 		evs := &eventsv1.EventList{}
 		_ = k8s.List(context.Background(), evs, client.InNamespace(tb.ns))
 		for _, e := range evs.Items {
-			if e.Reason == string(fsm.WorkerFailed) && e.Type == corev1.EventTypeWarning && e.Regarding.Name == "nic" {
+			if e.Reason == "ImagePull" && e.Type == corev1.EventTypeWarning && e.Regarding.Name == "nic" {
 				return true, ""
 			}
 		}
-		return false, fmt.Sprintf("a Warning Event WorkerFailed on the Module among %d events", len(evs.Items))
+		return false, fmt.Sprintf("a Warning Event ImagePull on the Module among %d events", len(evs.Items))
 	})
 
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
@@ -260,19 +260,52 @@ func TestModuleDeletionUnloadsEverywhereAndLeavesNothing(t *testing.T) {
 	tb.create(m)
 	tb.waitLoaded("nic", "reg.example.com/nic:a", tb.nodes...)
 
-	if err := k8s.Delete(context.Background(), m); err != nil {
-		t.Fatal(err)
+	v := tb.versionedModule("gpu", "v1")
+	tb.create(v)
+	for _, n := range tb.nodes {
+		setNodeLabel(t, n, kmmv1beta1.ModuleVersionLabel(tb.ns, "gpu"), "v1")
+	}
+	tb.waitLoaded("gpu", "reg.example.com/gpu:v1", tb.nodes...)
+
+	for _, obj := range []client.Object{m, v} {
+		if err := k8s.Delete(context.Background(), obj); err != nil {
+			t.Fatal(err)
+		}
 	}
 	eventually(t, 30*time.Second, func() (bool, string) {
 		err := k8s.Get(context.Background(), client.ObjectKeyFromObject(m), &kmmv1beta1.Module{})
-		return apierrors.IsNotFound(err), "the Module to be gone (finalizer released)"
+		err2 := k8s.Get(context.Background(), client.ObjectKeyFromObject(v), &kmmv1beta1.Module{})
+		return apierrors.IsNotFound(err) && apierrors.IsNotFound(err2), "the Modules to be gone (finalizers released)"
+	})
+	// The last transition of each pair (it leaves the NMC status) has its Event too (issue 13: the
+	// controller panicked on it), and the internal version labels go with the versioned Module.
+	eventually(t, 10*time.Second, func() (bool, string) {
+		evs := &eventsv1.EventList{}
+		_ = k8s.List(context.Background(), evs, client.InNamespace(metav1.NamespaceDefault))
+		gone := map[string]bool{}
+		for _, e := range evs.Items {
+			if e.Regarding.Kind == "NodeModulesConfig" && e.Related != nil && e.Related.Namespace == tb.ns && e.Related.Name == "nic" &&
+				strings.Contains(e.Note, "Unloading -> Absent") {
+				gone[e.Regarding.Name] = true
+			}
+		}
+		labelsLeft := []string{}
+		for _, n := range tb.nodes {
+			for k := range getNode(t, n).Labels {
+				if strings.Contains(k, tb.ns+".gpu") && !strings.Contains(k, "version-module") {
+					labelsLeft = append(labelsLeft, n+":"+k)
+				}
+			}
+		}
+		return len(gone) == len(tb.nodes) && len(labelsLeft) == 0,
+			fmt.Sprintf("Unloading -> Absent Events on %v; internal labels left %v", gone, labelsLeft)
 	})
 	for _, n := range tb.nodes {
 		if _, ok := node.Loaded(n)[tb.ns+"/nic"]; ok {
 			t.Errorf("still loaded on %s", n)
 		}
 		for k := range getNode(t, n).Labels {
-			if strings.Contains(k, tb.ns+".nic") {
+			if strings.Contains(k, tb.ns+".nic") || strings.Contains(k, "version-worker-pod."+tb.ns+".gpu") || strings.Contains(k, "version-device-plugin."+tb.ns+".gpu") {
 				t.Errorf("node %s keeps label %s", n, k)
 			}
 		}

@@ -7,6 +7,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/kmm-project/kmm/fsm"
 	"github.com/kmm-project/kmm/worker"
 )
 
@@ -24,6 +25,9 @@ type podExpectations struct {
 	creates  map[string]map[string]expectedPod // by node, then pod name (one worker pod per pair)
 	deletes  map[types.UID]time.Time
 	lastPrun time.Time
+	// refused are the pods the API server would not create, by node then module key, until a pod
+	// of the pair is created: the NMC decision turns them into a failed attempt (fsm.WorkerRejected).
+	refused map[string]map[string]fsm.CreateRefusal
 }
 
 type expectedPod struct {
@@ -32,7 +36,18 @@ type expectedPod struct {
 }
 
 func newPodExpectations() *podExpectations {
-	return &podExpectations{creates: map[string]map[string]expectedPod{}, deletes: map[types.UID]time.Time{}}
+	return &podExpectations{creates: map[string]map[string]expectedPod{}, deletes: map[types.UID]time.Time{},
+		refused: map[string]map[string]fsm.CreateRefusal{}}
+}
+
+// refusedCreate records a worker pod the API server refused for the pair key on node.
+func (e *podExpectations) refusedCreate(node, key string, r fsm.CreateRefusal) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.refused[node] == nil {
+		e.refused[node] = map[string]fsm.CreateRefusal{}
+	}
+	e.refused[node][key] = r
 }
 
 // created records a pod the API server accepted.
@@ -43,6 +58,10 @@ func (e *podExpectations) created(pod *corev1.Pod, now time.Time) {
 		e.creates[pod.Spec.NodeName] = map[string]expectedPod{}
 	}
 	e.creates[pod.Spec.NodeName][pod.Name] = expectedPod{pod: pod, at: now}
+	delete(e.refused[pod.Spec.NodeName], pod.Labels[worker.LabelModuleNamespace]+"/"+pod.Labels[worker.LabelModuleName])
+	if len(e.refused[pod.Spec.NodeName]) == 0 {
+		delete(e.refused, pod.Spec.NodeName)
+	}
 }
 
 // observed forgets the creation of a pod the cache now shows.
@@ -85,6 +104,9 @@ func (e *podExpectations) fill(f *nodeFacts, node string, now time.Time) {
 	}
 	if len(e.creates[node]) == 0 {
 		delete(e.creates, node)
+	}
+	for key, r := range e.refused[node] {
+		f.refused[key] = r
 	}
 	if now.Sub(e.lastPrun) > expectationTTL {
 		e.lastPrun = now

@@ -99,7 +99,8 @@ func computeModuleStatus(s *moduleScope, daemonSets []appsv1.DaemonSet) kmmv1bet
 		st.ModuleLoader.DesiredNumber += desired
 		st.ModuleLoader.AvailableNumber += available
 		if state == kmmv1beta1.StateLoadBackOff || state == kmmv1beta1.StateUnloadBackOff {
-			failing = append(failing, fmt.Sprintf("%s (%s)", n.Name, statusEntry(s.nmcs[n.Name], m.Namespace, m.Name).Message))
+			e := statusEntry(s.nmcs[n.Name], m.Namespace, m.Name)
+			failing = append(failing, fmt.Sprintf("%s (%s: %s)", n.Name, e.Reason, e.Message))
 		}
 	}
 	for _, ds := range daemonSets {

@@ -43,6 +43,8 @@ type NMCReconciler struct {
 	Clock       clock.PassiveClock
 	WorkerImage string
 	BackOff     fsm.BackOff
+	// WorkerTimeout is how long a worker pod may run before the pair fails it (0: fsm.DefaultWorkerTimeout).
+	WorkerTimeout time.Duration
 	// MaxConcurrentReconciles may be above 1: each NMC is one node, so reconciles never share state
 	// (but for the pod expectations, which are per pod and locked).
 	MaxConcurrentReconciles int
@@ -94,6 +96,7 @@ type nodeFacts struct {
 	dpRunning  map[string]bool        // by module key
 	modulesSet map[string]bool        // module keys whose Module exists and is not being deleted
 	drains     map[string]*kmmv1beta1.DrainSpec
+	refused    map[string]fsm.CreateRefusal // worker pods the API server refused, by module key
 }
 
 // writableNMC returns the NMC to write: a copy of the cached one, made once.
@@ -149,7 +152,7 @@ func (r *NMCReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 
 func (r *NMCReconciler) gather(ctx context.Context, name string) (*nodeFacts, error) {
 	f := &nodeFacts{nmc: &kmmv1beta1.NodeModulesConfig{}, node: &corev1.Node{}, workers: map[string]*corev1.Pod{},
-		dpRunning: map[string]bool{}, modulesSet: map[string]bool{}}
+		dpRunning: map[string]bool{}, modulesSet: map[string]bool{}, refused: map[string]fsm.CreateRefusal{}}
 	// Everything is read as the cache holds it, without copies (this runs for every event on every
 	// node); the writes copy the NMC or the Node first (writableNMC, writableNode).
 	if err := r.Client.Get(ctx, client.ObjectKey{Name: name}, f.nmc, client.UnsafeDisableDeepCopy); err != nil {
@@ -222,7 +225,10 @@ func (r *NMCReconciler) decide(ctx context.Context, f *nodeFacts, now time.Time,
 func (r *NMCReconciler) pairFacts(f *nodeFacts, key string, node fsm.Node, now time.Time) fsm.Facts {
 	ns, name, _ := strings.Cut(key, "/")
 	facts := fsm.Facts{Now: now, BackOff: r.BackOff, Node: node, DevicePluginRunning: f.dpRunning[key],
-		Status: kmmv1beta1.NodeModuleStatus{Namespace: ns, Name: name}}
+		Status: kmmv1beta1.NodeModuleStatus{Namespace: ns, Name: name}, WorkerTimeout: r.WorkerTimeout}
+	if rf, ok := f.refused[key]; ok {
+		facts.CreateRefused = &rf
+	}
 	for i := range f.nmc.Spec.Modules {
 		if e := &f.nmc.Spec.Modules[i]; e.Namespace == ns && e.Name == name {
 			facts.Spec = e
@@ -243,9 +249,16 @@ func (r *NMCReconciler) pairFacts(f *nodeFacts, key string, node fsm.Node, now t
 	return facts
 }
 
-// observeNode reads what the NMC decision needs of a node.
+// maxBootIDLength bounds the boot ID read from a Node; it is copied into every status entry.
+const maxBootIDLength = 64
+
+// observeNode reads what the NMC decision needs of a node. The kernel version is bounded where it
+// is used (a spec entry exists only for a kernel string kernel.CheckString accepts).
 func observeNode(n *corev1.Node) fsm.Node {
 	out := fsm.Node{Schedulable: !n.Spec.Unschedulable, KernelVersion: n.Status.NodeInfo.KernelVersion, BootID: n.Status.NodeInfo.BootID}
+	if len(out.BootID) > maxBootIDLength {
+		out.BootID = "" // not a boot ID (a UUID has 36 characters): reboots are then seen by the Ready time
+	}
 	for _, c := range n.Status.Conditions {
 		if c.Type == corev1.NodeReady {
 			out.Ready, out.ReadySince = c.Status == corev1.ConditionTrue, c.LastTransitionTime.Time
@@ -305,13 +318,15 @@ func (r *NMCReconciler) record(f *nodeFacts, outcomes []pairOutcome) {
 		}
 		for _, t := range o.result.Fired {
 			transitionsTotal.WithLabelValues(string(t.From), string(t.To), t.Trigger).Inc()
-			note := fmt.Sprintf("%s on %s: %s -> %s (%s)", o.key, f.node.Name, t.From, t.To, o.result.Status.Message)
-			if t.Trigger != string(fsm.WorkerFailed) {
-				r.Recorder.Eventf(f.nmc, module, corev1.EventTypeNormal, t.Trigger, "Transition", note)
+			// The message of the step's last transition: the status entry may be gone (nil) when
+			// the pair left the table.
+			note := fmt.Sprintf("%s on %s: %s -> %s (%s)", o.key, f.node.Name, t.From, t.To, o.result.Message)
+			if !fsm.IsFailure(fsm.Trigger(t.Trigger)) {
+				r.Recorder.Eventf(f.nmc, module, corev1.EventTypeNormal, t.Reason, "Transition", note)
 				continue
 			}
-			r.Recorder.Eventf(f.nmc, module, corev1.EventTypeWarning, t.Trigger, "Transition", note)
-			r.Recorder.Eventf(module, f.nmc, corev1.EventTypeWarning, t.Trigger, "Transition", note)
+			r.Recorder.Eventf(f.nmc, module, corev1.EventTypeWarning, t.Reason, "Transition", note)
+			r.Recorder.Eventf(module, f.nmc, corev1.EventTypeWarning, t.Reason, "Transition", note)
 		}
 		if o.pod != nil && o.result.Plan.DeleteWorker {
 			observeFinishedPod(o.pod)
@@ -343,7 +358,12 @@ func (r *NMCReconciler) execute(ctx context.Context, f *nodeFacts, outcomes []pa
 		errs = append(errs, r.executeDrain(ctx, f, o.key, p))
 		if p.DeleteWorker && o.pod != nil && !r.expected().deleting(o.pod.UID) {
 			log.V(1).Info("Deleting finished worker pod", "module", o.key, "pod", o.pod.Name)
-			err := r.Client.Delete(ctx, o.pod, client.Preconditions{UID: &o.pod.UID})
+			pre := client.Preconditions{UID: &o.pod.UID}
+			if o.pod.Status.Phase != corev1.PodSucceeded && o.pod.Status.Phase != corev1.PodFailed {
+				// An overdue pod: delete it only as it was seen, not if it finished since.
+				pre.ResourceVersion = &o.pod.ResourceVersion
+			}
+			err := r.Client.Delete(ctx, o.pod, pre)
 			if err = ignoreGone(err); err == nil {
 				r.expected().deleted(o.pod.UID, r.Clock.Now())
 			}
@@ -351,10 +371,17 @@ func (r *NMCReconciler) execute(ctx context.Context, f *nodeFacts, outcomes []pa
 		}
 		if p.CreateWorker != nil {
 			log.Info("Creating worker pod", "module", o.key, "action", p.CreateWorker.Action, "attempt", p.CreateWorker.Attempt)
-			errs = append(errs, r.createWorker(ctx, f.node.Name, p.CreateWorker))
+			errs = append(errs, r.createWorker(ctx, f.node.Name, o.key, p.CreateWorker))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// refusedForGood says whether the API server refused a pod for what it is (invalid, forbidden by
+// policy or quota, too large), not for a passing condition (throttling, a timeout, no connection).
+func refusedForGood(err error) bool {
+	return apierrors.IsInvalid(err) || apierrors.IsForbidden(err) || apierrors.IsBadRequest(err) ||
+		apierrors.IsRequestEntityTooLargeError(err)
 }
 
 func ignoreGone(err error) error {
@@ -364,16 +391,22 @@ func ignoreGone(err error) error {
 	return err
 }
 
-func (r *NMCReconciler) createWorker(ctx context.Context, node string, in *fsm.WorkerIntent) error {
+func (r *NMCReconciler) createWorker(ctx context.Context, node, key string, in *fsm.WorkerIntent) error {
 	pod, err := WorkerPod(node, r.WorkerImage, in)
 	if err != nil {
-		return err
+		r.expected().refusedCreate(node, key, fsm.CreateRefusal{Action: in.Action, Attempt: in.Attempt, Message: err.Error()})
+		return fmt.Errorf("building the %s worker pod for %s on %s: %w", in.Action, key, node, err)
 	}
 	if err := r.Client.Create(ctx, pod); err != nil {
 		if apierrors.IsAlreadyExists(err) {
 			return nil
 		}
-		return fmt.Errorf("creating worker pod %s: %w", pod.Name, err)
+		if refusedForGood(err) {
+			// The same pod would be refused again: the next reconcile fails the attempt (status
+			// reason PodRejected, an Event) and backs off.
+			r.expected().refusedCreate(node, key, fsm.CreateRefusal{Action: in.Action, Attempt: in.Attempt, Message: err.Error()})
+		}
+		return fmt.Errorf("creating the %s worker pod for %s on %s: %w", in.Action, key, node, err)
 	}
 	r.expected().created(pod, r.Clock.Now())
 	return nil

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
@@ -51,7 +52,8 @@ func WorkerPod(node, image string, in *fsm.WorkerIntent) (*corev1.Pod, error) {
 	if err != nil {
 		return nil, fmt.Errorf("encoding the worker config: %w", err)
 	}
-	args := []string{string(in.Action), "--config", worker.ConfigFile, "--cache-dir", CacheHostPath}
+	args := []string{string(in.Action), "--config", worker.ConfigFile, "--cache-dir", CacheHostPath,
+		"--timeout", worker.DefaultTimeout.String()}
 	if e.ImageRepoSecret != nil {
 		args = append(args, "--pull-secret", path.Join(pullSecretDir, corev1.DockerConfigJsonKey))
 	}
@@ -65,6 +67,7 @@ func WorkerPod(node, image string, in *fsm.WorkerIntent) (*corev1.Pod, error) {
 		Spec: corev1.PodSpec{
 			NodeName:                     node,
 			RestartPolicy:                corev1.RestartPolicyNever,
+			ActiveDeadlineSeconds:        ptr.To(int64(WorkerPodDeadline.Seconds())),
 			AutomountServiceAccountToken: ptr.To(false),
 			ServiceAccountName:           e.ServiceAccountName,
 			Tolerations:                  e.Tolerations,
@@ -73,16 +76,46 @@ func WorkerPod(node, image string, in *fsm.WorkerIntent) (*corev1.Pod, error) {
 				Image:                    image,
 				Args:                     args,
 				TerminationMessagePolicy: corev1.TerminationMessageReadFile,
-				SecurityContext: &corev1.SecurityContext{
-					Privileged:   ptr.To(firmware),
-					Capabilities: &corev1.Capabilities{Add: []corev1.Capability{"SYS_MODULE"}},
-				},
-				VolumeMounts: workerMounts(e, firmware),
+				SecurityContext:          workerSecurityContext(firmware),
+				Resources:                workerResources,
+				VolumeMounts:             workerMounts(e, firmware),
 			}},
 			Volumes: workerVolumes(e, firmware),
 		},
 	}
 	return pod, nil
+}
+
+// WorkerPodDeadline is the worker pod's activeDeadlineSeconds: the worker's own deadline
+// (worker.DefaultTimeout, passed as --timeout) plus a minute to start, write its result and exit.
+// The NMC decision fails a pod still there after fsm.DefaultWorkerTimeout.
+const WorkerPodDeadline = worker.DefaultTimeout + time.Minute
+
+// workerResources bound the worker container: it streams the image (peak RSS measured at 13-19
+// MiB, see docs/worker-limits.md); the limit leaves room for modprobe and the page cache of the
+// files it extracts, which the kernel charges to the pod.
+var workerResources = corev1.ResourceRequirements{
+	Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("32Mi")},
+	Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("128Mi")},
+}
+
+// workerSecurityContext grants the worker only what it needs: CAP_SYS_MODULE to load and unload,
+// root to read the host's module tree, the runtime's default seccomp profile (which allows the
+// module system calls to holders of CAP_SYS_MODULE), a read-only root file system, and no
+// privilege escalation. Privileged only with firmware (it writes the firmware class path in sysfs),
+// where the API server forbids allowPrivilegeEscalation: false.
+func workerSecurityContext(firmware bool) *corev1.SecurityContext {
+	sc := &corev1.SecurityContext{
+		Privileged:             ptr.To(firmware),
+		Capabilities:           &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}, Add: []corev1.Capability{"SYS_MODULE"}},
+		RunAsUser:              ptr.To(int64(0)),
+		ReadOnlyRootFilesystem: ptr.To(true),
+		SeccompProfile:         &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+	}
+	if !firmware {
+		sc.AllowPrivilegeEscalation = ptr.To(false)
+	}
+	return sc
 }
 
 func workerLabels(node string, e *kmmv1beta1.NodeModuleSpec, action fsm.WorkerAction) map[string]string {
@@ -101,6 +134,7 @@ func workerMounts(e *kmmv1beta1.NodeModuleSpec, firmware bool) []corev1.VolumeMo
 		{Name: "config", MountPath: path.Dir(worker.ConfigFile), ReadOnly: true},
 		{Name: "cache", MountPath: CacheHostPath},
 		{Name: "lib-modules", MountPath: "/lib/modules", ReadOnly: true},
+		{Name: "tmp", MountPath: "/tmp"},
 	}
 	if e.ImageRepoSecret != nil {
 		m = append(m, corev1.VolumeMount{Name: "pull-secret", MountPath: pullSecretDir, ReadOnly: true})
@@ -120,6 +154,8 @@ func workerVolumes(e *kmmv1beta1.NodeModuleSpec, firmware bool) []corev1.Volume 
 		}}}}},
 		{Name: "cache", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: CacheHostPath, Type: &dirOrCreate}}},
 		{Name: "lib-modules", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/lib/modules"}}},
+		// The root file system is read-only; modprobe's softdep config goes here.
+		{Name: "tmp", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: ptr.To(resource.MustParse("16Mi"))}}},
 	}
 	if e.ImageRepoSecret != nil {
 		v = append(v, corev1.Volume{Name: "pull-secret", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: e.ImageRepoSecret.Name}}})
@@ -132,11 +168,15 @@ func workerVolumes(e *kmmv1beta1.NodeModuleSpec, firmware bool) []corev1.Volume 
 
 // ObserveWorker turns a worker pod into the facts the NMC decision reads.
 func ObserveWorker(pod *corev1.Pod) fsm.Worker {
-	w := fsm.Worker{Action: fsm.WorkerAction(pod.Labels[worker.LabelAction])}
+	w := fsm.Worker{Action: fsm.WorkerAction(pod.Labels[worker.LabelAction]), Created: pod.CreationTimestamp.Time}
 	if a, err := strconv.Atoi(pod.Annotations[worker.AnnotationAttempt]); err == nil {
 		w.Attempt = int32(a) //nolint:gosec // G109: the attempt annotation is written by the operator and small
 	}
-	if cfg, err := worker.ParseConfig([]byte(pod.Annotations[worker.AnnotationConfig])); err == nil {
+	// Decoded, not validated: the operator wrote it, and a config the worker refused must still be
+	// known as the one that failed (else every failure looked like a changed spec: a retry storm).
+	var cfg worker.Config
+	if err := json.Unmarshal([]byte(pod.Annotations[worker.AnnotationConfig]), &cfg); err == nil {
+		w.EntryKnown = true
 		w.Entry = kmmv1beta1.NodeModuleSpec{Namespace: cfg.Namespace, Name: cfg.Name, Config: cfg.Config,
 			ServiceAccountName: pod.Spec.ServiceAccountName, Tolerations: pod.Spec.Tolerations}
 		if v := pullSecretVolume(pod); v != "" {

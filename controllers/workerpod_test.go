@@ -41,7 +41,7 @@ func TestWorkerPodShape(t *testing.T) {
 		t.Errorf("security context %+v, want SYS_MODULE and not privileged", c.SecurityContext)
 	case pod.Spec.ServiceAccountName != "loader" || len(pod.Spec.Tolerations) != 1:
 		t.Errorf("service account %q tolerations %v", pod.Spec.ServiceAccountName, pod.Spec.Tolerations)
-	case strings.Join(c.Args, " ") != "load --config /etc/kmm/config.json --cache-dir /var/lib/kmm/cache --pull-secret /var/run/kmm/pull-secret/.dockerconfigjson":
+	case strings.Join(c.Args, " ") != "load --config /etc/kmm/config.json --cache-dir /var/lib/kmm/cache --timeout 4m0s --pull-secret /var/run/kmm/pull-secret/.dockerconfigjson":
 		t.Errorf("args %q", c.Args)
 	case pod.Annotations[worker.AnnotationAttempt] != "3" || pod.Labels[worker.LabelWorker] != "true" || pod.Labels[worker.LabelManagedBy] != worker.ManagedBy:
 		t.Errorf("labels %v annotations %v", pod.Labels, pod.Annotations)
@@ -52,6 +52,28 @@ func TestWorkerPodShape(t *testing.T) {
 	}
 	if !hasDownwardConfig(pod) {
 		t.Error("the config annotation is not mounted through the downward API")
+	}
+	checkWorkerHardening(t, pod)
+}
+
+// checkWorkerHardening is issue 13's item 9 and the pod side of item 3: least privilege, a
+// deadline past the worker's own, bounded memory.
+func checkWorkerHardening(t *testing.T, pod *corev1.Pod) {
+	t.Helper()
+	sc := pod.Spec.Containers[0].SecurityContext
+	switch {
+	case pod.Spec.ActiveDeadlineSeconds == nil || *pod.Spec.ActiveDeadlineSeconds <= int64(worker.DefaultTimeout.Seconds()):
+		t.Errorf("activeDeadlineSeconds %v, want more than the worker's own %v", pod.Spec.ActiveDeadlineSeconds, worker.DefaultTimeout)
+	case len(sc.Capabilities.Drop) != 1 || sc.Capabilities.Drop[0] != "ALL":
+		t.Errorf("capabilities %+v: not dropping ALL", sc.Capabilities)
+	case sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation:
+		t.Error("privilege escalation allowed")
+	case sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault:
+		t.Errorf("seccomp %+v", sc.SeccompProfile)
+	case sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem:
+		t.Error("the root file system is writable")
+	case pod.Spec.Containers[0].Resources.Limits.Memory().IsZero():
+		t.Error("no memory limit")
 	}
 }
 

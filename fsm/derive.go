@@ -33,6 +33,9 @@ func deriveLoading(f *Facts) (Trigger, bool) {
 		// A success reported in another boot is stale: the module is not loaded in this one.
 		return WorkerSucceeded, f.Worker.Result.BootID == "" || f.Worker.Result.BootID == f.Node.BootID
 	}
+	if f.currentWorker(ActionLoad) && f.workerOverdue() {
+		return WorkerTimedOut, true
+	}
 	if f.Worker.Phase == PodRunning || !f.nodeUsable() {
 		return "", false
 	}
@@ -42,7 +45,12 @@ func deriveLoading(f *Facts) (Trigger, bool) {
 	if t, ok := unloadFirst(f); ok {
 		return t, true
 	}
-	return specWithdrawn(f)
+	if t, ok := specWithdrawn(f); ok {
+		return t, true
+	}
+	// The spec is for this kernel: a config no worker can act on, or a pod the API server refused,
+	// fails the attempt without a pod.
+	return WorkerRejected, f.specProblem() != nil || f.refused(ActionLoad)
 }
 
 // unloadFirst is rule 4 for a pair that may still have an old config loaded (a reload after a
@@ -69,6 +77,9 @@ func specWithdrawn(f *Facts) (Trigger, bool) {
 }
 
 func deriveLoadBackOff(f *Facts) (Trigger, bool) {
+	if f.lateSuccess() {
+		return WorkerSucceeded, true // the pod timed out, then finished after all: the module is loaded
+	}
 	if !f.nodeUsable() {
 		return "", false
 	}
@@ -78,10 +89,12 @@ func deriveLoadBackOff(f *Facts) (Trigger, bool) {
 	if t, ok := specWithdrawn(f); ok {
 		return t, true
 	}
-	if f.Worker.Phase == PodFailed && f.Spec != nil && !sameEntry(f.Worker.Entry, *f.Spec) {
+	if f.failedConfigReplaced() {
 		return SpecChanged, true // the failed config was replaced: retry at once
 	}
-	return BackOffExpired, f.backOffExpired()
+	// Whatever the worker said, the same config is retried only after the back-off, and never
+	// when it was refused as invalid.
+	return BackOffExpired, !f.failureTerminal() && f.backOffExpired()
 }
 
 // deriveLoaded: reboots (bootID, or rule 5's Ready timestamp), rule 4's unload when the spec
@@ -135,10 +148,16 @@ func deriveUnloading(f *Facts) (Trigger, bool) {
 		}
 		return WorkerSucceeded, true
 	}
+	if f.currentWorker(ActionUnload) && f.workerOverdue() {
+		return WorkerTimedOut, true
+	}
 	if f.Worker.Phase == PodRunning || !f.nodeUsable() {
 		return "", false
 	}
-	return unloadOverruled(f)
+	if t, ok := unloadOverruled(f); ok {
+		return t, true
+	}
+	return WorkerRejected, f.refused(ActionUnload)
 }
 
 func deriveUnloadBackOff(f *Facts) (Trigger, bool) {

@@ -35,15 +35,20 @@ var StateDescriptions = map[State]string{
 	Unloading: "An unload worker pod is wanted for the loaded config. It is created only on a Ready, " +
 		"schedulable node whose kernel equals the loaded config's kernel and while no device plugin pod " +
 		"of the module runs there. Success leads to Absent, or to Upgrading during an ordered upgrade; " +
-		"failure to UnloadBackOff.",
+		"failure, a timed-out or a refused pod to UnloadBackOff.",
 	Upgrading: "An ordered upgrade unloaded the old version and waits for the spec entry of the new " +
 		"version (the version label controller sets the worker-pod label, then the Module→NMC " +
 		"controller writes the entry). It then loads the new version. If the upgrade is abandoned " +
 		"(no version-module label), or no entry comes within 30 s of the worker-pod label allowing it " +
 		"(no kernel mapping, or the Module is at another version), the pair is Absent.",
-	LoadBackOff: "The last load failed; attempts counts consecutive failures. The failed pod stays for " +
-		"inspection. After an exponential back-off (10 s doubling up to 5 min) the pair retries; a new " +
-		"spec entry retries at once; a removed entry or another kernel returns it to Absent.",
+	LoadBackOff: "The last load failed (WorkerFailed), its pod ran past the worker timeout " +
+		"(WorkerTimedOut: the pod is deleted), or no pod could be made (WorkerRejected: a config no " +
+		"worker can act on, or a pod the API server refused); attempts counts consecutive failures and " +
+		"status.reason names the failure class. The failed pod stays for inspection. After an " +
+		"exponential back-off (10 s doubling up to 5 min) the pair retries, whatever the worker said; a " +
+		"config refused as invalid (reason InvalidConfig) is not retried until the spec entry changes. " +
+		"A spec entry that replaces the failed config retries at once; a removed entry or another " +
+		"kernel returns it to Absent.",
 	UnloadBackOff: "The last unload failed (for example the module is in use). After the back-off it " +
 		"retries. A reboot unloads everything, so the pair becomes Absent; a spec entry equal to the " +
 		"loaded config again returns it to Loaded.",

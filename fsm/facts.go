@@ -26,7 +26,36 @@ type Facts struct {
 	BackOff BackOff
 	// Drain is the upgrade drain of the workloads that use the module.
 	Drain DrainFacts
+	// WorkerTimeout is how long a worker pod may exist without finishing; 0 means DefaultWorkerTimeout.
+	WorkerTimeout time.Duration
+	// CreateRefused is the API server's refusal of the pair's last worker pod, nil when none is
+	// known (the reconciler remembers it until a pod of the pair exists again).
+	CreateRefused *CreateRefusal
 }
+
+// CreateRefusal is a worker pod the API server would not create (invalid, forbidden, too large):
+// retrying at once cannot help, so the pair backs off like after a failed worker.
+type CreateRefusal struct {
+	Action  WorkerAction
+	Attempt int32
+	Message string
+}
+
+// DefaultWorkerTimeout bounds a worker pod's life: the worker gives up after its own deadline (4
+// minutes), the pod's activeDeadlineSeconds stops it a minute later, and this catches pods that
+// neither reached (never started, or a kubelet that does not report).
+const DefaultWorkerTimeout = 7 * time.Minute
+
+// Failure classes the operator itself gives (the worker's own are ImagePull, NotFound, Busy,
+// InvalidConfig and Other, see package worker).
+const (
+	// ReasonInvalidConfig: the config is one the worker cannot act on; the pair waits for a new one.
+	ReasonInvalidConfig = "InvalidConfig"
+	// ReasonPodRejected: the API server refused the worker pod.
+	ReasonPodRejected = "PodRejected"
+	// ReasonTimedOut: the worker pod did not finish within the worker timeout.
+	ReasonTimedOut = "TimedOut"
+)
 
 // Node is what the NMC decision reads of a node.
 type Node struct {
@@ -75,6 +104,11 @@ type Worker struct {
 	Attempt int32
 	// Entry is what the pod was created to load or unload.
 	Entry kmmv1beta1.NodeModuleSpec
+	// EntryKnown says whether Entry could be read from the pod; a pod whose entry is unknown never
+	// counts as "the failed config was replaced".
+	EntryKnown bool
+	// Created is when the pod was created.
+	Created time.Time
 	// Result is what the worker reported, for a finished pod.
 	Result WorkerResult
 }
@@ -177,6 +211,65 @@ const UpgradeSpecGrace = 30 * time.Second
 // missing after UpgradeSpecGrace.
 func (f *Facts) specOverdue() bool {
 	return f.Node.WorkerPodVersion == f.Node.UpgradeTarget && !f.Now.Before(f.Status.LastTransitionTime.Add(UpgradeSpecGrace))
+}
+
+// workerTimeout is the worker timeout with its default.
+func (f *Facts) workerTimeout() time.Duration {
+	if f.WorkerTimeout > 0 {
+		return f.WorkerTimeout
+	}
+	return DefaultWorkerTimeout
+}
+
+// workerOverdue says whether a pod of the pair still runs past the worker timeout.
+func (f *Facts) workerOverdue() bool {
+	return f.Worker.Phase == PodRunning && !f.Worker.Created.IsZero() && !f.Now.Before(f.Worker.Created.Add(f.workerTimeout()))
+}
+
+// refused says whether the API server refused the pod of the pair's current attempt at action a.
+func (f *Facts) refused(a WorkerAction) bool {
+	r := f.CreateRefused
+	return r != nil && r.Action == a && r.Attempt == f.Status.Attempts
+}
+
+// specProblem is why the spec entry's config cannot be given to a worker (nil when it can).
+func (f *Facts) specProblem() error {
+	if f.Spec == nil {
+		return nil
+	}
+	return f.Spec.Config.Validate()
+}
+
+// failedConfigReplaced says whether the config that failed was replaced by another that may work:
+// known from the pod of the last failed attempt, or, after a refused config with no such pod to
+// compare, from the spec being valid now. A pod whose entry cannot be read never counts (that was
+// a retry storm of issue 13).
+func (f *Facts) failedConfigReplaced() bool {
+	if f.Spec == nil {
+		return false
+	}
+	if f.failedPodOfLastAttempt() {
+		return f.Worker.EntryKnown && !sameEntry(f.Worker.Entry, *f.Spec)
+	}
+	return f.Status.Reason == ReasonInvalidConfig && f.specProblem() == nil
+}
+
+// failedPodOfLastAttempt says whether the worker pod is the one whose failure the status counts
+// last; an older pod says nothing about the config that failed last.
+func (f *Facts) failedPodOfLastAttempt() bool {
+	return f.Worker.Phase == PodFailed && f.Worker.Attempt == f.Status.Attempts-1
+}
+
+// lateSuccess says whether the load pod whose time-out the status counts last succeeded after all
+// (in this boot): the deletion of an overdue pod loses the race with its own success.
+func (f *Facts) lateSuccess() bool {
+	return f.Status.Reason == ReasonTimedOut && f.Worker.Phase == PodSucceeded && f.Worker.Action == ActionLoad &&
+		f.Worker.Attempt == f.Status.Attempts-1 && (f.Worker.Result.BootID == "" || f.Worker.Result.BootID == f.Node.BootID)
+}
+
+// failureTerminal says whether the last failure cannot be retried with the same config.
+func (f *Facts) failureTerminal() bool {
+	return f.Status.Reason == ReasonInvalidConfig
 }
 
 func (f *Facts) backOffExpired() bool {

@@ -50,6 +50,12 @@ const (
 	WorkerSucceeded Trigger = "WorkerSucceeded"
 	// WorkerFailed: the pair's current worker pod failed (or was evicted).
 	WorkerFailed Trigger = "WorkerFailed"
+	// WorkerTimedOut: the pair's current worker pod has not finished within the worker timeout
+	// (a stalled registry, a kubelet that never starts it); the pod is deleted.
+	WorkerTimedOut Trigger = "WorkerTimedOut"
+	// WorkerRejected: no worker pod could be made for the current attempt: its config is one the
+	// worker cannot act on (InvalidConfig), or the API server refused the pod (PodRejected).
+	WorkerRejected Trigger = "WorkerRejected"
 	// BackOffExpired: the back-off after a failure is over.
 	BackOffExpired Trigger = "BackOffExpired"
 	// UpgradeRequested: the node's version-module label asks for another version than the loaded one.
@@ -60,6 +66,12 @@ const (
 	// is requested any more, or the worker-pod label is at the target and still no entry exists.
 	UpgradeAbandoned Trigger = "UpgradeAbandoned"
 )
+
+// IsFailure says whether a trigger reports a failed attempt (it counts in attempts and is a
+// Warning Event).
+func IsFailure(t Trigger) bool {
+	return t == WorkerFailed || t == WorkerTimedOut || t == WorkerRejected
+}
 
 // ErrNotPermitted is returned (wrapped) when a trigger is not permitted in the current state.
 var ErrNotPermitted = errors.New("trigger not permitted")
@@ -120,6 +132,8 @@ func Configure(sm *stateless.StateMachine) {
 	sm.Configure(Loading).
 		Permit(WorkerSucceeded, Loaded).
 		Permit(WorkerFailed, LoadBackOff).
+		Permit(WorkerTimedOut, LoadBackOff).
+		Permit(WorkerRejected, LoadBackOff).
 		PermitReentry(NodeRebooted).
 		Permit(SpecRemoved, Absent, nothingLoadedHere).
 		Permit(SpecRemoved, DevicePluginDraining, loadedHereWithDevicePlugin).
@@ -130,6 +144,7 @@ func Configure(sm *stateless.StateMachine) {
 
 	sm.Configure(LoadBackOff).
 		Permit(BackOffExpired, Loading).
+		Permit(WorkerSucceeded, Loaded).
 		Permit(SpecChanged, Loading, nothingLoadedHere).
 		Permit(SpecChanged, DevicePluginDraining, loadedHereWithDevicePlugin).
 		Permit(SpecChanged, Unloading, loadedHereWithoutDevicePlugin).
@@ -157,6 +172,8 @@ func Configure(sm *stateless.StateMachine) {
 		Permit(WorkerSucceeded, Upgrading, upgradeInProgress).
 		Permit(WorkerSucceeded, Absent, noUpgradeInProgress).
 		Permit(WorkerFailed, UnloadBackOff).
+		Permit(WorkerTimedOut, UnloadBackOff).
+		Permit(WorkerRejected, UnloadBackOff).
 		Permit(SpecRestored, Loaded).
 		Permit(NodeRebooted, Absent)
 

@@ -5,6 +5,7 @@ import (
 	"maps"
 	"reflect"
 	"slices"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -47,6 +48,8 @@ type faults struct {
 	specReadsNodeStatus       bool // the Module→NMC decision drops entries of NotReady nodes
 	unloadIgnoresDevicePlugin bool // the NMC decision never sees the device plugin pod
 	ignoresReboots            bool // the NMC decision never sees a new boot ID or Ready time
+	failedEntryUnread         bool // a failed pod's config reads as empty yet known (the retry storm of issue 13)
+	noWorkerTimeout           bool // worker pods never time out
 }
 
 type simNode struct {
@@ -63,7 +66,13 @@ type simModule struct {
 	exists  bool
 	gen     int
 	version string
+	// broken is how the Module's config is broken: "" not at all, "worker" one only the worker
+	// refuses (as after a version skew), "operator" one the operator's own check refuses.
+	broken string
 }
+
+// brokenImageTag marks an image the model's worker refuses as an invalid config.
+const brokenImageTag = "-broken"
 
 type simNMC struct {
 	spec   map[string]kmmv1beta1.NodeModuleSpec
@@ -80,6 +89,16 @@ type simPod struct {
 	entry   kmmv1beta1.NodeModuleSpec
 	phase   WorkerPhase
 	result  WorkerResult
+	created time.Time
+	hung    bool // never finishes by itself (a stalled registry, a wedged kubelet)
+}
+
+// attemptRecord is what the back-off property remembers of a pair's last worker pod.
+type attemptRecord struct {
+	action WorkerAction
+	config kmmv1beta1.ModuleConfig
+	failed time.Time // when that pod failed; zero while it runs or after it succeeded
+	streak int32     // consecutive failures of this config
 }
 
 // snapshot is what a controller's cache held at some moment.
@@ -101,11 +120,14 @@ type world struct {
 	nextUID    int
 	violations []string
 	reconciles int
+	attempts   map[string]*attemptRecord // by node/module
+	refuse     bool                      // the API server refuses the next worker pod
+	refused    map[string]CreateRefusal  // refused pods by node/module, as the reconciler remembers them
 }
 
 func newWorld(f faults) *world {
 	w := &world{faults: f, now: t0, nodes: map[string]*simNode{}, modules: map[string]*simModule{},
-		nmcs: map[string]*simNMC{}, pods: map[string]*simPod{}, dpPods: map[string]bool{}}
+		nmcs: map[string]*simNMC{}, pods: map[string]*simPod{}, dpPods: map[string]bool{}, attempts: map[string]*attemptRecord{}, refused: map[string]CreateRefusal{}}
 	for _, n := range modelNodes {
 		w.nodes[n] = &simNode{labels: map[string]string{"role": "worker"}, ready: true, kernel: kernelA, boot: 1,
 			readySince: t0.Add(-time.Hour), loaded: map[string]kmmv1beta1.ModuleConfig{}}
@@ -145,6 +167,13 @@ func (w *world) moduleObject(key string) *kmmv1beta1.Module {
 	sm := w.modules[key]
 	ns, name := splitKey(key)
 	image := fmt.Sprintf("reg.example.com/%s:g%d-$KERNEL_FULL_VERSION", name, sm.gen)
+	firmware := ""
+	switch sm.broken {
+	case "worker":
+		image += brokenImageTag
+	case "operator":
+		firmware = "/"
+	}
 	return &kmmv1beta1.Module{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: kmmv1beta1.ModuleSpec{
@@ -152,7 +181,7 @@ func (w *world) moduleObject(key string) *kmmv1beta1.Module {
 			ModuleLoader: kmmv1beta1.ModuleLoaderSpec{Container: kmmv1beta1.ModuleLoaderContainerSpec{
 				Version:        sm.version,
 				ContainerImage: image,
-				Modprobe:       kmmv1beta1.ModprobeSpec{ModuleName: name},
+				Modprobe:       kmmv1beta1.ModprobeSpec{ModuleName: name, FirmwarePath: firmware},
 				KernelMappings: []kmmv1beta1.KernelMapping{{Literal: kernelA}, {Regexp: `^6\.1\.0-57-`}},
 			}},
 			DevicePlugin: &kmmv1beta1.DevicePluginSpec{Container: kmmv1beta1.DevicePluginContainerSpec{Image: "reg.example.com/dp:1"}},
@@ -207,11 +236,13 @@ func (w *world) writeSpec(writer, node, key string, d SpecDecision) {
 		if old, ok := nmc.spec[key]; !ok || !equality.Semantic.DeepEqual(old, *d.Entry) {
 			nmc.spec[key] = *d.Entry
 			nmc.rv++
+			delete(w.attempts, node+"/"+key) // a new spec: the back-off property starts afresh
 		}
 	case SpecDelete:
 		if _, ok := nmc.spec[key]; ok {
 			delete(nmc.spec, key)
 			nmc.rv++
+			delete(w.attempts, node+"/"+key)
 		}
 	}
 }
@@ -260,6 +291,9 @@ func (w *world) facts(node, key string, nmc simNMC, snap snapshot) Facts {
 	sn := w.nodes[node]
 	ns, name := splitKey(key)
 	f := Facts{Now: w.now, BackOff: DefaultBackOff, Status: kmmv1beta1.NodeModuleStatus{Namespace: ns, Name: name}}
+	if w.faults.noWorkerTimeout {
+		f.WorkerTimeout = 1000 * time.Hour
+	}
 	if e, ok := nmc.spec[key]; ok {
 		f.Spec = &e
 	}
@@ -273,9 +307,15 @@ func (w *world) facts(node, key string, nmc simNMC, snap snapshot) Facts {
 	}
 	f.Node.WorkerPodVersion = sn.labels[kmmv1beta1.WorkerPodVersionLabel(ns, name)]
 	if p, ok := snap.pods[podName(node, name)]; ok {
-		f.Worker = Worker{Phase: p.phase, Action: p.action, Attempt: p.attempt, Entry: p.entry, Result: p.result}
+		f.Worker = Worker{Phase: p.phase, Action: p.action, Attempt: p.attempt, Entry: p.entry, EntryKnown: true, Result: p.result, Created: p.created}
+		if w.faults.failedEntryUnread && p.phase == PodFailed {
+			f.Worker.Entry = kmmv1beta1.NodeModuleSpec{}
+		}
 	}
 	f.DevicePluginRunning = w.dpPods[node+"/"+key]
+	if r, ok := w.refused[node+"/"+key]; ok {
+		f.CreateRefused = &r
+	}
 	w.applyNMCFaults(&f)
 	return f
 }
@@ -328,7 +368,13 @@ func (w *world) execute(node, key string, p Plan, snap snapshot) {
 	pn := podName(node, name)
 	if p.DeleteWorker {
 		if seen, ok := snap.pods[pn]; ok {
-			if cur, ok := w.pods[pn]; ok && cur.uid == seen.uid && cur.phase != PodRunning {
+			if cur, ok := w.pods[pn]; ok && cur.uid == seen.uid {
+				if seen.phase == PodRunning && cur.phase != PodRunning {
+					return // the overdue pod finished since: the resourceVersion precondition fails
+				}
+				if cur.phase == PodRunning {
+					w.killPod(cur) // an overdue pod: the kubelet stops it before its worker acted
+				}
 				delete(w.pods, pn) // delete with a UID precondition
 			}
 		}
@@ -364,9 +410,54 @@ func (w *world) createPod(node, key, name string, in *WorkerIntent) {
 	if cur, ok := sn.loaded[key]; ok && in.Action == ActionLoad && !equality.Semantic.DeepEqual(cur, in.Entry.Config) {
 		w.violate("invariant 6: load of %s (%s) on %s while %s is still loaded", key, in.Entry.Config.ContainerImage, node, cur.ContainerImage)
 	}
+	if w.refuse {
+		w.refuse = false
+		w.refused[node+"/"+key] = CreateRefusal{Action: in.Action, Attempt: in.Attempt, Message: "refused"}
+		return
+	}
+	delete(w.refused, node+"/"+key)
+	w.checkBackOff(node, key, in)
 	w.nextUID++
 	w.pods[name] = &simPod{uid: w.nextUID, node: node, module: key, action: in.Action, attempt: in.Attempt,
-		entry: *in.Entry.DeepCopy(), phase: PodRunning}
+		entry: *in.Entry.DeepCopy(), phase: PodRunning, created: w.now}
+}
+
+// checkBackOff is the back-off property: after n consecutive failures of the same action and
+// config on a pair, the next pod for it starts no sooner than the back-off after n failures allows,
+// counted from when the last one failed (the operator sees it later, never sooner). A change of the
+// spec entry, a success or a reboot starts afresh: those are events, not retries.
+func (w *world) checkBackOff(node, key string, in *WorkerIntent) {
+	pair := node + "/" + key
+	rec := w.attempts[pair]
+	if rec != nil && !rec.failed.IsZero() && rec.action == in.Action && equality.Semantic.DeepEqual(rec.config, in.Entry.Config) {
+		if due := rec.failed.Add(DefaultBackOff.Delay(rec.streak)); w.now.Before(due) {
+			w.violate("back-off: %s pod %d for %s on %s created %v after failure %d of the same config, the back-off allows %v",
+				in.Action, rec.streak+1, key, node, w.now.Sub(rec.failed), rec.streak, DefaultBackOff.Delay(rec.streak))
+		}
+	} else {
+		rec = &attemptRecord{action: in.Action, config: *in.Entry.Config.DeepCopy()}
+		w.attempts[pair] = rec
+	}
+	rec.failed = time.Time{}
+}
+
+// recordAttempt remembers how a worker pod ended for the back-off property.
+func (w *world) recordAttempt(p *simPod) {
+	rec := w.attempts[p.node+"/"+p.module]
+	if rec == nil {
+		return
+	}
+	if p.phase == PodFailed {
+		rec.failed, rec.streak = w.now, rec.streak+1
+		return
+	}
+	delete(w.attempts, p.node+"/"+p.module)
+}
+
+// killPod ends a running pod without its worker acting (deleted or evicted).
+func (w *world) killPod(p *simPod) {
+	p.phase, p.result = PodFailed, WorkerResult{Reason: "Other", Message: "killed"}
+	w.recordAttempt(p)
 }
 
 // finishPod plays the kubelet and the worker for a running pod.
@@ -379,6 +470,11 @@ func (w *world) finishPod(p *simPod, succeed bool) {
 		w.violate("invariant 6: unload of %s on %s ran while its device plugin pod runs", p.module, p.node)
 	}
 	p.result = WorkerResult{BootID: fmt.Sprint(sn.boot), ImageDigest: "sha256:" + p.entry.Config.ContainerImage}
+	defer w.recordAttempt(p)
+	if p.action == ActionLoad && strings.Contains(p.entry.Config.ContainerImage, brokenImageTag) {
+		p.phase, p.result.Reason, p.result.Message = PodFailed, ReasonInvalidConfig, "invalid config"
+		return
+	}
 	if !succeed {
 		p.phase, p.result.Reason, p.result.Message = PodFailed, "Other", "injected failure"
 		return
@@ -438,6 +534,11 @@ func (w *world) reboot(node string) {
 	for _, p := range w.pods {
 		if p.node == node && p.phase == PodRunning {
 			p.phase, p.result = PodFailed, WorkerResult{Reason: "Other", Message: "node rebooted"}
+		}
+	}
+	for pair := range w.attempts {
+		if strings.HasPrefix(pair, node+"/") {
+			delete(w.attempts, pair) // a reboot starts afresh
 		}
 	}
 	for _, key := range modelModules {
@@ -502,7 +603,7 @@ func (w *world) checkRecord(node, key string, st kmmv1beta1.NodeModuleStatus) {
 // settle stops the events (nodes Ready and uncordoned, upgrades finished, pods succeed) and runs
 // every controller until nothing changes; it returns false if that takes more than maxRounds.
 func (w *world) settle(maxRounds int) bool {
-	w.conflict = false
+	w.conflict, w.refuse = false, false
 	for _, sn := range w.nodes {
 		if !sn.ready {
 			sn.ready, sn.readySince = true, w.now
@@ -517,7 +618,7 @@ func (w *world) settle(maxRounds int) bool {
 		before := w.fingerprint()
 		w.now = w.now.Add(10 * time.Minute)
 		for _, p := range w.pods {
-			if p.phase == PodRunning {
+			if p.phase == PodRunning && !p.hung {
 				w.finishPod(p, true)
 			}
 		}
@@ -535,6 +636,22 @@ func (w *world) settle(maxRounds int) bool {
 		}
 	}
 	return false
+}
+
+// describe prints the pairs and pods, for a failure message.
+func (w *world) describe() string {
+	s := ""
+	for _, n := range modelNodes {
+		for _, key := range slices.Sorted(maps.Keys(w.nmcs[n].status)) {
+			st := w.nmcs[n].status[key]
+			s += fmt.Sprintf("\n%s %s: %s/%s attempts %d: %s", n, key, st.State, st.Reason, st.Attempts, st.Message)
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(w.pods)) {
+		p := w.pods[name]
+		s += fmt.Sprintf("\npod %s %s attempt %d %s %s", name, p.action, p.attempt, p.phase, p.entry.Config.ContainerImage)
+	}
+	return s
 }
 
 func (w *world) fingerprint() string {
@@ -557,6 +674,14 @@ func (w *world) checkConverged() {
 			spec, hasSpec := nmc.spec[key]
 			st := nmc.status[key]
 			cur, loaded := sn.loaded[key]
+			if hasSpec && spec.Config.KernelVersion == sn.kernel && w.modules[key].broken != "" {
+				// A config no worker can act on: failed for good, nothing loaded, no pod, until it changes.
+				if st.State != LoadBackOff || st.Reason != ReasonInvalidConfig || loaded || w.pods[podName(n, key[len("ns/"):])] != nil && w.pods[podName(n, key[len("ns/"):])].phase == PodRunning {
+					w.violate("invariant 7: %s on %s has a config no worker accepts: %s/%s (loaded in kernel: %v), want LoadBackOff InvalidConfig; log %v",
+						key, n, st.State, st.Reason, loaded, st.Transitions)
+				}
+				continue
+			}
 			if hasSpec && spec.Config.KernelVersion == sn.kernel {
 				if st.State != Loaded || st.Config == nil || !equality.Semantic.DeepEqual(*st.Config, spec.Config) || !loaded ||
 					!equality.Semantic.DeepEqual(cur, spec.Config) {
@@ -603,6 +728,21 @@ func (m *model) RevertModuleImage(t *rapid.T) {
 	if sm := m.w.modules[modPlain]; sm.exists && sm.gen > 1 {
 		sm.gen--
 	}
+}
+
+// BreakOrFixModule gives modPlain a config no worker can act on (one only the worker refuses, or
+// one the operator's own check refuses), or a working one again.
+func (m *model) BreakOrFixModule(t *rapid.T) {
+	sm := m.w.modules[modPlain]
+	if !sm.exists {
+		return
+	}
+	if sm.broken != "" {
+		sm.broken = ""
+	} else {
+		sm.broken = rapid.SampledFrom([]string{"worker", "operator"}).Draw(t, "broken")
+	}
+	sm.gen++
 }
 
 func (m *model) BumpModuleVersion(t *rapid.T) {
@@ -682,6 +822,13 @@ func (m *model) WorkerFails(t *rapid.T) {
 	}
 }
 
+// WorkerHangs makes a running pod never finish unless an action finishes it.
+func (m *model) WorkerHangs(t *rapid.T) {
+	if p := m.runningPod(t); p != nil {
+		p.hung = true
+	}
+}
+
 func (m *model) WorkerEvicted(t *rapid.T) {
 	if p := m.runningPod(t); p != nil {
 		delete(m.w.pods, podName(p.node, p.module[len("ns/"):]))
@@ -721,7 +868,15 @@ func (m *model) ControllersCatchUp(*rapid.T) {
 	}
 }
 
-func (m *model) WriteConflict(*rapid.T) { m.w.conflict = true }
+// APIRefuses makes the API server refuse the next NMC status write (a conflict) or the next worker
+// pod (a policy, a quota).
+func (m *model) APIRefuses(t *rapid.T) {
+	if rapid.Bool().Draw(t, "pod") {
+		m.w.refuse = true
+	} else {
+		m.w.conflict = true
+	}
+}
 
 // RestartOperator drops every cache: the next reconciles start from what the API server holds.
 func (m *model) RestartOperator(*rapid.T) {
@@ -748,7 +903,7 @@ func runModel(f faults) func(*rapid.T) {
 		m := &model{w: newWorld(f)}
 		t.Repeat(rapid.StateMachineActions(m))
 		if !m.w.settle(30) {
-			t.Fatalf("invariant 7: the world did not settle within 30 rounds of reconciles")
+			t.Fatalf("invariant 7: the world did not settle within 30 rounds of reconciles: %s", m.w.describe())
 		}
 		m.w.check()
 		m.w.checkConverged()

@@ -23,11 +23,22 @@ func plan(f *Facts) Plan {
 		// The failed pod stays for inspection until the retry replaces it.
 		p.RequeueAfter = max(f.Status.LastTransitionTime.Add(f.BackOff.Delay(f.Status.Attempts)).Sub(f.Now), 0)
 		p.Waiting = "backing off after " + f.Status.Message
+		// Older finished pods say nothing about the last failure: they go.
+		p.DeleteWorker = f.workerFinished() && !f.failedPodOfLastAttempt()
+		if f.failureTerminal() {
+			p.RequeueAfter, p.Waiting = 0, "waiting for a new config: "+f.Status.Message
+		}
 	default:
 		p.DeleteWorker = f.workerFinished()
 		if f.Worker.Phase == PodRunning {
 			p.Waiting = "waiting for the " + string(f.Worker.Action) + " worker pod of an earlier state to finish"
 		}
+	}
+	if f.workerOverdue() {
+		p.DeleteWorker = true // past the worker timeout: it holds the pair's pod name
+	} else if f.Worker.Phase == PodRunning && !f.Worker.Created.IsZero() && p.RequeueAfter == 0 {
+		// Pod events wake the pair; this catches a pod that never reports.
+		p.RequeueAfter = f.Worker.Created.Add(f.workerTimeout()).Sub(f.Now)
 	}
 	return p
 }
@@ -49,6 +60,8 @@ func planWorker(f *Facts, p *Plan, action WorkerAction) {
 		p.Waiting = "loaded config is not for the node's kernel " + f.Node.KernelVersion
 	case action == ActionUnload && f.DevicePluginRunning:
 		p.Waiting = "device plugin pod still on the node"
+	case action == ActionLoad && f.specProblem() != nil:
+		p.Waiting = "the spec entry's config is invalid"
 	default:
 		p.CreateWorker = &WorkerIntent{Action: action, Attempt: f.Status.Attempts, Entry: workerEntry(f, action)}
 	}

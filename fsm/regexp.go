@@ -3,6 +3,8 @@ package fsm
 import (
 	"regexp"
 	"sync"
+
+	"github.com/kmm-project/kmm/internal/kernel"
 )
 
 // maxCachedPatterns bounds the compiled-pattern cache: patterns come from Modules, so an
@@ -16,7 +18,7 @@ var patterns = struct {
 	compiled map[string]*regexp.Regexp
 }{compiled: map[string]*regexp.Regexp{}}
 
-// compilePattern is regexp.Compile with a cache. Compiled expressions are safe for concurrent use,
+// compilePattern is kernel.CompilePattern (bounded size and cost) with a cache. Compiled expressions are safe for concurrent use,
 // and invalid patterns are not cached (they are rare and rejected at admission).
 func compilePattern(pattern string) (*regexp.Regexp, error) {
 	patterns.Lock()
@@ -25,7 +27,7 @@ func compilePattern(pattern string) (*regexp.Regexp, error) {
 	if ok {
 		return re, nil
 	}
-	re, err := regexp.Compile(pattern)
+	re, err := kernel.CompilePattern(pattern)
 	if err != nil {
 		return nil, err
 	}

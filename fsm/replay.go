@@ -16,7 +16,7 @@ type Edge struct {
 
 // AllTriggers lists every trigger.
 var AllTriggers = []Trigger{SpecSet, SpecChanged, SpecRemoved, SpecRestored, KernelChanged, NodeRebooted,
-	WorkerSucceeded, WorkerFailed, BackOffExpired, UpgradeRequested, DevicePluginGone, UpgradeAbandoned}
+	WorkerSucceeded, WorkerFailed, WorkerTimedOut, WorkerRejected, BackOffExpired, UpgradeRequested, DevicePluginGone, UpgradeAbandoned}
 
 var (
 	edgesOnce sync.Once

@@ -29,6 +29,8 @@ type Result struct {
 	// Err is set when a derived trigger was not permitted (ErrNotPermitted); Status then holds
 	// the transitions made before it.
 	Err error
+	// Message explains the last transition (also when Status is nil: the pair left the table).
+	Message string
 }
 
 // Plan is the side effects the reconciler carries out, each idempotent.
@@ -80,6 +82,7 @@ func Step(f Facts) Result {
 		}
 		tr := record(&st, t, to, &f)
 		res.Fired = append(res.Fired, tr)
+		res.Message = st.Message
 	}
 	recordDrain(&st, &f, nil)
 	f.Status = st
@@ -103,11 +106,11 @@ func Step(f Facts) Result {
 func record(st *kmmv1beta1.NodeModuleStatus, t Trigger, to State, f *Facts) kmmv1beta1.Transition {
 	from := st.State
 	switch {
-	case t == WorkerSucceeded && from == Loading:
+	case t == WorkerSucceeded && (from == Loading || from == LoadBackOff):
 		recordLoaded(st, f)
 	case t == WorkerSucceeded && from == Unloading:
 		recordUnloaded(st, f)
-	case t == WorkerFailed:
+	case IsFailure(t):
 		st.Attempts++
 	case t == NodeRebooted && (f.rebootedByBootID() || !f.statusKernelMatches()):
 		// Nothing survives a reboot: the record says so, and a reload starts afresh.
@@ -121,12 +124,13 @@ func record(st *kmmv1beta1.NodeModuleStatus, t Trigger, to State, f *Facts) kmmv
 		// remembers that the cordon is kmm's.
 		st.Drain = &kmmv1beta1.DrainStatus{StartTime: metav1.NewTime(f.Now), CordonedByKMM: st.Drain.CordonedByKMM}
 	}
-	tr := kmmv1beta1.Transition{Trigger: string(t), From: from, To: to, Time: metav1.NewTime(f.Now), Reason: string(t)}
+	reason := reasonFor(t, f)
+	tr := kmmv1beta1.Transition{Trigger: string(t), From: from, To: to, Time: metav1.NewTime(f.Now), Reason: reason}
 	st.Transitions = append(st.Transitions, tr)
 	if n := len(st.Transitions); n > kmmv1beta1.MaxTransitionLog {
 		st.Transitions = st.Transitions[n-kmmv1beta1.MaxTransitionLog:]
 	}
-	st.State, st.LastTransitionTime, st.Reason = to, tr.Time, string(t)
+	st.State, st.LastTransitionTime, st.Reason = to, tr.Time, reason
 	st.Message = messageFor(t, f)
 	return tr
 }
@@ -166,11 +170,41 @@ func copyTolerations(in []corev1.Toleration) []corev1.Toleration {
 	return out
 }
 
+// reasonFor is the status reason of a transition: the failure class for a failure (so that
+// status.reason says ImagePull, InvalidConfig, TimedOut, ... as data), else the trigger.
+func reasonFor(t Trigger, f *Facts) string {
+	switch t {
+	case WorkerFailed:
+		if r := f.Worker.Result.Reason; r != "" {
+			return r
+		}
+	case WorkerTimedOut:
+		return ReasonTimedOut
+	case WorkerRejected:
+		if f.Spec != nil && f.specProblem() != nil {
+			return ReasonInvalidConfig
+		}
+		return ReasonPodRejected
+	}
+	return string(t)
+}
+
 // messageFor explains a transition to a person.
 func messageFor(t Trigger, f *Facts) string {
 	switch t {
 	case WorkerFailed:
-		return "worker failed (" + f.Worker.Result.Reason + "): " + f.Worker.Result.Message
+		// The class is the status reason; the message is the worker's own.
+		if f.Worker.Result.Message == "" {
+			return "the " + string(f.Worker.Action) + " worker failed"
+		}
+		return f.Worker.Result.Message
+	case WorkerTimedOut:
+		return "worker pod did not finish within " + f.workerTimeout().String() + ": deleting it and backing off"
+	case WorkerRejected:
+		if err := f.specProblem(); err != nil {
+			return "no worker started, fix the Module: " + err.Error()
+		}
+		return "the API server refused the worker pod: " + f.CreateRefused.Message
 	case WorkerSucceeded:
 		return "worker " + string(f.Worker.Action) + " succeeded"
 	case NodeRebooted:

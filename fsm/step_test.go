@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -163,8 +164,76 @@ func TestStepWorkerOutcomes(t *testing.T) {
 	t.Run("spec fixed during back-off: retry at once", func(t *testing.T) {
 		st := kmmv1beta1.NodeModuleStatus{State: LoadBackOff, Attempts: 1, LastTransitionTime: metav1.NewTime(t0)}
 		f := facts(e1, st, readyNode(k1))
-		f.Worker = Worker{Phase: PodFailed, Action: ActionLoad, Entry: *entry(k1, "r/m:broken", "")}
+		f.Worker = Worker{Phase: PodFailed, Action: ActionLoad, Entry: *entry(k1, "r/m:broken", ""), EntryKnown: true}
 		check(t, f, want{state: Loading, delete: true})
+	})
+	t.Run("failed pod whose config cannot be read: back-off holds (the retry storm)", func(t *testing.T) {
+		st := kmmv1beta1.NodeModuleStatus{State: LoadBackOff, Attempts: 1, LastTransitionTime: metav1.NewTime(t0)}
+		f := facts(e1, st, readyNode(k1))
+		f.Worker = Worker{Phase: PodFailed, Action: ActionLoad, Attempt: 0}
+		r := check(t, f, want{state: LoadBackOff})
+		if r.Plan.RequeueAfter != DefaultBackOff.Base {
+			t.Fatalf("requeue %v, want the back-off", r.Plan.RequeueAfter)
+		}
+	})
+	t.Run("worker refused the config: terminal, no retry after the back-off", func(t *testing.T) {
+		f := facts(e1, loading, readyNode(k1))
+		f.Worker = Worker{Phase: PodFailed, Action: ActionLoad, Entry: *e1, EntryKnown: true, Result: WorkerResult{Reason: "InvalidConfig", Message: "invalid config"}}
+		r := check(t, f, want{state: LoadBackOff})
+		if r.Status.Reason != ReasonInvalidConfig || r.Status.Transitions[0].Reason != ReasonInvalidConfig {
+			t.Fatalf("reason %q, log %+v", r.Status.Reason, r.Status.Transitions)
+		}
+		f = facts(e1, *r.Status, readyNode(k1))
+		f.Now = t0.Add(time.Hour)
+		f.Worker = Worker{Phase: PodFailed, Action: ActionLoad, Entry: *e1, EntryKnown: true, Result: WorkerResult{Reason: "InvalidConfig"}}
+		r = check(t, f, want{state: LoadBackOff})
+		if r.Plan.RequeueAfter != 0 || len(r.Fired) != 0 {
+			t.Fatalf("a refused config was retried: %+v", r)
+		}
+		f.Spec = entry(k1, "r/m:v2", "")
+		check(t, f, want{state: Loading, delete: true})
+		// The failed pod is gone (deleted by hand): which config it had is unknown, so the pair
+		// tries once more (at most one pod per such deletion).
+		f.Spec, f.Worker = e1, Worker{}
+		check(t, f, want{state: Loading, create: ActionLoad})
+	})
+	t.Run("invalid spec config: no pod, LoadBackOff InvalidConfig, then a valid one loads at once", func(t *testing.T) {
+		bad := entry(k1, "r/m:v1", "")
+		bad.Config.Modprobe.FirmwarePath = "/"
+		r := check(t, facts(bad, kmmv1beta1.NodeModuleStatus{}, readyNode(k1)), want{state: LoadBackOff})
+		if r.Status.Reason != ReasonInvalidConfig || r.Status.Attempts != 1 || !strings.Contains(r.Status.Message, "firmwarePath") {
+			t.Fatalf("status %+v", r.Status)
+		}
+		f := facts(bad, *r.Status, readyNode(k1))
+		f.Now = t0.Add(time.Hour)
+		check(t, f, want{state: LoadBackOff})
+		f.Spec = e1
+		check(t, f, want{state: Loading, create: ActionLoad})
+	})
+	t.Run("pod refused by the API server: back-off, then retried", func(t *testing.T) {
+		f := facts(e1, loading, readyNode(k1))
+		f.CreateRefused = &CreateRefusal{Action: ActionLoad, Attempt: 0, Message: "metadata.annotations: Too long"}
+		r := check(t, f, want{state: LoadBackOff})
+		if r.Status.Reason != ReasonPodRejected || r.Plan.RequeueAfter != DefaultBackOff.Base {
+			t.Fatalf("status %+v plan %+v", r.Status, r.Plan)
+		}
+		f = facts(e1, *r.Status, readyNode(k1))
+		f.Now = t0.Add(DefaultBackOff.Base)
+		f.CreateRefused = &CreateRefusal{Action: ActionLoad, Attempt: 0}
+		check(t, f, want{state: Loading, create: ActionLoad})
+	})
+	t.Run("worker pod past the timeout: LoadBackOff, pod deleted; before it, a requeue at the timeout", func(t *testing.T) {
+		f := facts(e1, loading, readyNode(k1))
+		f.Worker = Worker{Phase: PodRunning, Action: ActionLoad, Entry: *e1, EntryKnown: true, Created: t0.Add(-time.Minute)}
+		r := check(t, f, want{state: Loading})
+		if r.Plan.RequeueAfter != DefaultWorkerTimeout-time.Minute {
+			t.Fatalf("requeue %v", r.Plan.RequeueAfter)
+		}
+		f.Worker.Created = t0.Add(-DefaultWorkerTimeout)
+		r = check(t, f, want{state: LoadBackOff, delete: true})
+		if r.Status.Reason != ReasonTimedOut || r.Status.Attempts != 1 {
+			t.Fatalf("status %+v", r.Status)
+		}
 	})
 	t.Run("unload succeeded, spec gone: entry removed", func(t *testing.T) {
 		f := facts(nil, loaded(Unloading, e1), readyNode(k1))

@@ -3,6 +3,8 @@ package upgrade
 import (
 	"context"
 	"encoding/json"
+	"sort"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -92,13 +94,18 @@ func (r *LabelReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 		return ctrl.Result{}, err
 	}
 	patch := map[string]any{}
+	active := map[string]bool{}
 	for i := range modules.Items {
 		m := &modules.Items[i]
 		if m.Spec.ModuleLoader.Container.Version == "" || !m.DeletionTimestamp.IsZero() ||
 			!labels.SelectorFromSet(m.Spec.Selector).Matches(labels.Set(node.Labels)) {
 			continue
 		}
+		active[m.Namespace+"/"+m.Name] = true
 		stepModule(node, m, observe(nmc, pods.Items, node.Name, m), patch)
+	}
+	for _, key := range StaleInternalLabels(node.Labels, active, pairsOf(nmc)) {
+		patch[key] = nil
 	}
 	if len(patch) == 0 {
 		return ctrl.Result{}, nil
@@ -147,4 +154,43 @@ func observe(nmc *kmmv1beta1.NodeModulesConfig, pods []corev1.Pod, node string, 
 		}
 	}
 	return o
+}
+
+// The prefixes of the internal version labels (kmmv1beta1.WorkerPodVersionLabel and
+// kmmv1beta1.DevicePluginVersionLabel) before "<namespace>.<name>".
+const (
+	workerPodLabelPrefix    = "beta.kmm.node.kubernetes.io/version-worker-pod."
+	devicePluginLabelPrefix = "beta.kmm.node.kubernetes.io/version-device-plugin."
+)
+
+// StaleInternalLabels returns the internal version labels of a node that no longer serve anything:
+// their Module is gone, being deleted, unversioned or no longer selects the node (not in active),
+// and the node has no pair of it left (not in pairs, the NMC's status entries). Module keys are
+// "<namespace>/<name>"; a namespace has no dots, so the first dot after the prefix ends it.
+func StaleInternalLabels(nodeLabels map[string]string, active, pairs map[string]bool) []string {
+	var out []string
+	for key := range nodeLabels {
+		rest, ok := strings.CutPrefix(key, workerPodLabelPrefix)
+		if !ok {
+			rest, ok = strings.CutPrefix(key, devicePluginLabelPrefix)
+		}
+		ns, name, dotted := strings.Cut(rest, ".")
+		if !ok || !dotted {
+			continue
+		}
+		if module := ns + "/" + name; !active[module] && !pairs[module] {
+			out = append(out, key)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// pairsOf lists the modules with a status entry in nmc.
+func pairsOf(nmc *kmmv1beta1.NodeModulesConfig) map[string]bool {
+	out := make(map[string]bool, len(nmc.Status.Modules))
+	for _, st := range nmc.Status.Modules {
+		out[st.Namespace+"/"+st.Name] = true
+	}
+	return out
 }

@@ -65,33 +65,11 @@ func ParseConfig(data []byte) (Config, error) {
 
 // Validate reports the first missing or inconsistent field of c.
 func (c Config) Validate() error {
-	mc := c.Config
-	var problems []string
 	if c.Namespace == "" || c.Name == "" {
-		problems = append(problems, "namespace and name of the Module are required")
+		return errors.New("invalid config: namespace and name of the Module are required")
 	}
-	if mc.KernelVersion == "" {
-		problems = append(problems, "config.kernelVersion is required")
-	}
-	if mc.ContainerImage == "" {
-		problems = append(problems, "config.containerImage is required")
-	}
-	if mc.Modprobe.ModuleName == "" && mc.Modprobe.RawArgs == nil {
-		problems = append(problems, "config.modprobe.moduleName is required unless rawArgs is set")
-	}
-	if strings.ContainsAny(mc.KernelVersion, "/\x00") || mc.KernelVersion == "." || mc.KernelVersion == ".." {
-		problems = append(problems, fmt.Sprintf("config.kernelVersion %q is not a kernel version", mc.KernelVersion))
-	}
-	if mc.Modprobe.FirmwarePath != "" && imageRel(mc.Modprobe.FirmwarePath) == "" {
-		problems = append(problems, "config.modprobe.firmwarePath must be a directory below the image root, not /")
-	}
-	if o := mc.Modprobe.ModulesLoadingOrder; len(o) > 0 && o[0] != mc.Modprobe.ModuleName {
-		problems = append(problems, "the first entry of config.modprobe.modulesLoadingOrder must equal moduleName")
-	}
-	if len(problems) > 0 {
-		return fmt.Errorf("invalid config: %s", strings.Join(problems, "; "))
-	}
-	return nil
+	// The operator checks the same before it creates a worker pod: one function for both sides.
+	return c.Config.Validate()
 }
 
 // ModuleID is "<namespace>/<name>" of the Module.

@@ -255,8 +255,12 @@ type DevicePluginSpec struct {
 	// +optional
 	ServiceAccountName string `json:"serviceAccountName,omitempty"`
 
-	// Volumes of the device plugin pods.
+	// Volumes of the device plugin pods. Device plugin pods run privileged, so a hostPath volume may
+	// only name a directory under /dev, /sys, /var, /opt or /run (DevicePluginHostPathPrefixes); at
+	// most 16 volumes (the bound keeps the CEL rule within its cost budget).
 	// +optional
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:XValidation:rule="self.all(v, !has(v.hostPath) || (!v.hostPath.path.contains('..') && ['/dev', '/sys', '/var', '/opt', '/run'].exists(p, v.hostPath.path == p || v.hostPath.path.startsWith(p + '/'))))",message="a device plugin may mount host paths only under /dev, /sys, /var, /opt or /run, without '..'"
 	Volumes []corev1.Volume `json:"volumes,omitempty"`
 
 	// AutomountServiceAccountToken set to false keeps the service account token out of the pods.

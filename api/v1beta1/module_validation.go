@@ -2,7 +2,7 @@ package v1beta1
 
 import (
 	"fmt"
-	"regexp"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -123,8 +123,8 @@ func (m *Module) validateKernelMapping(p *field.Path, km *KernelMapping, default
 		errs = append(errs, field.Invalid(p, fmt.Sprintf("%d matchers set", set), "exactly one of literal, regexp or versionRange must be set"))
 	}
 	if km.Regexp != "" {
-		if _, err := regexp.Compile(km.Regexp); err != nil {
-			errs = append(errs, field.Invalid(p.Child("regexp"), km.Regexp, "not a valid Go regular expression: "+err.Error()))
+		if _, err := kernel.CompilePattern(km.Regexp); err != nil {
+			errs = append(errs, field.Invalid(p.Child("regexp"), km.Regexp, "not a valid Go regular expression within kmm's bounds: "+err.Error()))
 		}
 	}
 	if km.VersionRange != "" {
@@ -184,6 +184,10 @@ func validateModprobe(p *field.Path, mp *ModprobeSpec) field.ErrorList {
 	if mp.ModuleName == "" && mp.RawArgs == nil {
 		errs = append(errs, field.Required(p.Child("moduleName"), "moduleName is required unless rawArgs is set"))
 	}
+	if mp.FirmwarePath != "" && path.Clean("/"+mp.FirmwarePath) == "/" {
+		errs = append(errs, field.Invalid(p.Child("firmwarePath"), mp.FirmwarePath,
+			"firmwarePath must be a directory below the image root, not /: the whole image would be copied to the host"))
+	}
 	order := mp.ModulesLoadingOrder
 	if len(order) > 0 && order[0] != mp.ModuleName {
 		errs = append(errs, field.Invalid(p.Child("modulesLoadingOrder").Index(0), order[0], "the first entry of modulesLoadingOrder must equal moduleName"))
@@ -204,10 +208,35 @@ func (m *Module) validateDevicePlugin(p *field.Path) field.ErrorList {
 		return nil
 	}
 	errs := validateImageReference(p.Child("container", "image"), dp.Container.Image, dp.Container.Image)
+	for i, v := range dp.Volumes {
+		if v.HostPath != nil && !DevicePluginHostPathAllowed(v.HostPath.Path) {
+			errs = append(errs, field.Invalid(p.Child("volumes").Index(i).Child("hostPath", "path"), v.HostPath.Path,
+				"a device plugin may mount host paths only under /dev, /sys, /var, /opt or /run, without '..'"))
+		}
+	}
 	if dp.InitContainer != nil {
 		errs = append(errs, validateImageReference(p.Child("initContainer", "image"), dp.InitContainer.Image, dp.InitContainer.Image)...)
 	}
 	return errs
+}
+
+// DevicePluginHostPathPrefixes are the host directories a device plugin pod may mount: devices,
+// sysfs, the kubelet's device-plugin sockets (/var), vendor trees (/opt) and runtime sockets (/run).
+// Device plugin pods are privileged: write access to Modules is root on the selected nodes, and
+// these prefixes keep at least /etc, /root, /home and / itself out of reach of a mount.
+var DevicePluginHostPathPrefixes = []string{"/dev", "/sys", "/var", "/opt", "/run"}
+
+// DevicePluginHostPathAllowed says whether a device plugin may mount host path p.
+func DevicePluginHostPathAllowed(p string) bool {
+	if strings.Contains(p, "..") {
+		return false
+	}
+	for _, prefix := range DevicePluginHostPathPrefixes {
+		if p == prefix || strings.HasPrefix(p, prefix+"/") {
+			return true
+		}
+	}
+	return false
 }
 
 func validateUpgradePolicy(p *field.Path, up *UpgradePolicy) field.ErrorList {
@@ -222,8 +251,8 @@ func validateUpgradePolicy(p *field.Path, up *UpgradePolicy) field.ErrorList {
 	}
 	if up.Drain != nil {
 		for i, pattern := range up.Drain.IgnoredNamespacePatterns {
-			if _, err := regexp.Compile(pattern); err != nil {
-				errs = append(errs, field.Invalid(p.Child("drain", "ignoredNamespacePatterns").Index(i), pattern, "not a valid Go regular expression: "+err.Error()))
+			if _, err := kernel.CompilePattern(pattern); err != nil {
+				errs = append(errs, field.Invalid(p.Child("drain", "ignoredNamespacePatterns").Index(i), pattern, "not a valid Go regular expression within kmm's bounds: "+err.Error()))
 			}
 		}
 	}

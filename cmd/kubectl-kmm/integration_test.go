@@ -100,7 +100,7 @@ func TestAgainstTheOperator(t *testing.T) {
 	t.Logf("kubectl kmm status with a failing Module:\n%s", out)
 	n := 0
 	for _, l := range strings.Split(out, "\n") {
-		if strings.Contains(l, " drivers/accel  LoadBackOff ") && strings.Contains(l, "WorkerFailed (ImagePull): pulling reg.example") {
+		if strings.Contains(l, " drivers/accel  LoadBackOff ") && strings.Contains(l, "ImagePull: pulling reg.example") {
 			n++
 		}
 	}

@@ -259,8 +259,8 @@ func statusTable(rows []PairRow, width int, wide bool) *table {
 }
 
 // reasonCell is "Reason: message", or whichever of the two is set. A message that starts by
-// restating the reason ("WorkerFailed", "worker failed (ImagePull): ...") is not repeated, so that
-// what follows (the failure class) survives truncation: "WorkerFailed (ImagePull): ...".
+// restating the reason ("WorkerFailed", "worker failed ...") is not repeated, so that what follows
+// survives truncation. For a failure the reason is its class: "ImagePull: pulling ...".
 func reasonCell(r PairRow) string {
 	switch {
 	case r.Reason == "":

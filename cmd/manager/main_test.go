@@ -183,9 +183,10 @@ func TestDeploymentManifestsApply(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	files, _ := filepath.Glob(filepath.Join(root, "config", "rbac", "*.yaml"))
-	manifests, _ := filepath.Glob(filepath.Join(root, "config", "manager", "*.yaml"))
-	files = append(files, manifests...)
+	// config/manager first: it holds the Namespace the Role of config/rbac lives in.
+	files, _ := filepath.Glob(filepath.Join(root, "config", "manager", "*.yaml"))
+	rbac, _ := filepath.Glob(filepath.Join(root, "config", "rbac", "*.yaml"))
+	files = append(files, rbac...)
 	kinds := map[string]int{}
 	for _, f := range files {
 		data, err := os.ReadFile(f)
@@ -212,7 +213,7 @@ func TestDeploymentManifestsApply(t *testing.T) {
 			}
 		}
 	}
-	for _, k := range []string{"ClusterRole", "ClusterRoleBinding", "Namespace", "ServiceAccount", "Deployment"} {
+	for _, k := range []string{"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Namespace", "ServiceAccount", "Deployment"} {
 		if kinds[k] == 0 {
 			t.Errorf("no %s in config/rbac or config/manager", k)
 		}

@@ -117,3 +117,32 @@ func equalInts(a, b []int) bool {
 	}
 	return true
 }
+
+func TestCheckStringBoundsWhatANodeMaySay(t *testing.T) {
+	ok := []string{"6.1.0-56-cloud-amd64", "5.14.0-553.el9_4.x86_64", "6.8.0+", "4.18.0-1~bpo", strings.Repeat("1", MaxLength)}
+	for _, s := range ok {
+		if err := CheckString(s); err != nil {
+			t.Errorf("CheckString(%q) = %v, want nil", s, err)
+		}
+	}
+	bad := []string{"", ".", "..", "6.1/../../etc", "6.1\x00", "6.1 0", strings.Repeat("1", MaxLength+1), "ünïcode"}
+	for _, s := range bad {
+		if err := CheckString(s); err == nil {
+			t.Errorf("CheckString(%q) = nil, want an error", s)
+		}
+		if _, err := Parse(s); err == nil {
+			t.Errorf("Parse(%q) accepted it", s)
+		}
+	}
+}
+
+func TestCompilePatternBoundsCost(t *testing.T) {
+	if _, err := CompilePattern(`^5\.14\.0-[0-9]+\.el9\.x86_64$`); err != nil {
+		t.Fatalf("a usual pattern was refused: %v", err)
+	}
+	for _, p := range []string{`\pL{1000}\pN{1000}`, strings.Repeat("a", MaxPatternLength+1), `(`} {
+		if _, err := CompilePattern(p); err == nil {
+			t.Errorf("CompilePattern(%.40q) = nil error, want one", p)
+		}
+	}
+}

@@ -21,11 +21,15 @@ type Version struct {
 	HasBuild bool
 }
 
-// Parse parses a kernel version such as "5.14.0-553.el9.x86_64" or "6.1.0-56-cloud-amd64".
+// Parse parses a kernel version such as "5.14.0-553.el9.x86_64" or "6.1.0-56-cloud-amd64". What
+// CheckString refuses (too long, a character a release string cannot hold) is an error.
 func Parse(s string) (Version, error) {
+	if len(s) > MaxLength {
+		return Version{}, fmt.Errorf("kernel version of %d bytes is longer than %d", len(s), MaxLength)
+	}
 	full := strings.TrimRight(strings.TrimSpace(s), "+")
-	if full == "" {
-		return Version{}, fmt.Errorf("empty kernel version")
+	if err := CheckString(full); err != nil {
+		return Version{}, err
 	}
 	release, suffix, _ := strings.Cut(full, "-")
 	parts := strings.Split(release, ".")

@@ -119,7 +119,7 @@ func TestMalformedConfigFails(t *testing.T) {
 	pod.Annotations[worker.AnnotationConfig] = `{"namespace": 3}`
 	create(t, pod)
 	pod = ended(t, pod)
-	if r, _ := result(t, pod); pod.Status.Phase != corev1.PodFailed || r.Reason != worker.ReasonOther || r.Name != "bad" {
+	if r, _ := result(t, pod); pod.Status.Phase != corev1.PodFailed || r.Reason != worker.ReasonInvalidConfig || r.Name != "bad" {
 		t.Errorf("phase %s, result %+v", pod.Status.Phase, r)
 	}
 }

@@ -59,8 +59,13 @@ func Failed(reason worker.Reason, message string) Verdict {
 // contains one of them.
 var brokenImageMarkers = []string{"broken", "doesnotexist"}
 
+// refusedConfigMarker makes DefaultOutcome refuse a load's config (InvalidConfig) when the image
+// reference contains it, as a worker of another version than the operator might.
+const refusedConfigMarker = "refusedconfig"
+
 // DefaultOutcome is the outcome an Agent uses unless Options.Outcome says otherwise. A load fails
-// with ImagePull when the image reference contains "broken" or "doesnotexist", with NotFound when
+// with InvalidConfig when the image reference contains "refusedconfig", with ImagePull when it
+// contains "broken" or "doesnotexist", with NotFound when
 // the config was resolved for another kernel than the node runs, and succeeds otherwise. An unload
 // always succeeds: unloading a module that is not loaded is not an error.
 func DefaultOutcome(in RunInput) Verdict {
@@ -68,6 +73,9 @@ func DefaultOutcome(in RunInput) Verdict {
 		return Succeeded()
 	}
 	mc := in.Config.Config
+	if strings.Contains(mc.ContainerImage, refusedConfigMarker) {
+		return Failed(worker.ReasonInvalidConfig, "invalid config: simulated: this worker refuses "+mc.ContainerImage)
+	}
 	for _, m := range brokenImageMarkers {
 		if strings.Contains(mc.ContainerImage, m) {
 			return Failed(worker.ReasonImagePull, fmt.Sprintf("pulling %s: simulated: MANIFEST_UNKNOWN: manifest unknown", mc.ContainerImage))

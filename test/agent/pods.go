@@ -124,7 +124,9 @@ func (a *Agent) applyRun(st *nodeState, pod *corev1.Pod, res worker.Result, cfg 
 func (a *Agent) decide(st *nodeState, pod *corev1.Pod) (worker.Result, *worker.Config) {
 	cfg, err := worker.ParseConfig([]byte(pod.Annotations[worker.AnnotationConfig]))
 	if err != nil {
-		return podResult(pod, st.bootID, err.Error()), nil
+		res := podResult(pod, st.bootID, err.Error())
+		res.Reason = worker.ReasonInvalidConfig // as the real worker reports a config it refuses
+		return res, nil
 	}
 	action := worker.Action(pod.Labels[worker.LabelAction])
 	if action != worker.ActionLoad && action != worker.ActionUnload {

@@ -1,0 +1,40 @@
+package v1beta1
+
+import (
+	"errors"
+	"fmt"
+	"path"
+	"strings"
+
+	"github.com/kmm-project/kmm/internal/kernel"
+)
+
+// Validate reports what makes c a config the worker cannot act on. The operator checks it before
+// creating a worker pod (a config that fails here never reaches a node), and the worker checks it
+// again on the node; both use this one function.
+func (c *ModuleConfig) Validate() error {
+	var problems []string
+	switch err := kernel.CheckString(c.KernelVersion); {
+	case c.KernelVersion == "":
+		problems = append(problems, "config.kernelVersion is required")
+	case err != nil:
+		problems = append(problems, fmt.Sprintf("config.kernelVersion %.80q is not a kernel version: %v", c.KernelVersion, err))
+	}
+	if c.ContainerImage == "" {
+		problems = append(problems, "config.containerImage is required")
+	}
+	mp := &c.Modprobe
+	if mp.ModuleName == "" && mp.RawArgs == nil {
+		problems = append(problems, "config.modprobe.moduleName is required unless rawArgs is set")
+	}
+	if mp.FirmwarePath != "" && path.Clean("/"+mp.FirmwarePath) == "/" {
+		problems = append(problems, "config.modprobe.firmwarePath must be a directory below the image root, not /")
+	}
+	if o := mp.ModulesLoadingOrder; len(o) > 0 && o[0] != mp.ModuleName {
+		problems = append(problems, "the first entry of config.modprobe.modulesLoadingOrder must equal moduleName")
+	}
+	if len(problems) > 0 {
+		return errors.New("invalid config: " + strings.Join(problems, "; "))
+	}
+	return nil
+}

@@ -1,0 +1,158 @@
+package controllers_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/fsm"
+)
+
+// TestRefusedConfigIsTerminalNotAStorm: a worker that refuses its config (InvalidConfig) ends the
+// pair in LoadBackOff with that reason and one Warning Event; nothing retries it until the Module
+// changes (issue 13: 2,452 worker pods in 60 s on 5 nodes).
+func TestRefusedConfigIsTerminalNotAStorm(t *testing.T) {
+	startOperator(t)
+	tb := newTestBed(t, 1, kernelA)
+	n := tb.nodes[0]
+	m := tb.module("nic")
+	m.Spec.ModuleLoader.Container.KernelMappings[0].ContainerImage = "reg.example.com/nic:refusedconfig"
+	tb.create(m)
+
+	eventually(t, 20*time.Second, func() (bool, string) {
+		st := pairStatus(n, tb.ns, "nic")
+		return st != nil && st.State == kmmv1beta1.StateLoadBackOff && st.Reason == fsm.ReasonInvalidConfig, describe(st)
+	})
+	// Several back-offs of the test policy (1 s doubling to 4 s) pass: still one run.
+	time.Sleep(4 * testBO.Max)
+	if runs := node.RunCount(n, tb.ns+"/nic"); runs != 1 {
+		t.Fatalf("%d worker runs for a refused config, want 1: %s", runs, describe(pairStatus(n, tb.ns, "nic")))
+	}
+	if st := pairStatus(n, tb.ns, "nic"); st.Attempts != 1 || st.State != kmmv1beta1.StateLoadBackOff {
+		t.Fatalf("after the back-offs: %s", describe(st))
+	}
+	if got := warningEvents(t, tb.ns, "nic", fsm.ReasonInvalidConfig); got != 1 {
+		t.Errorf("%d Warning Events InvalidConfig on the Module, want 1", got)
+	}
+
+	setFirstImage(t, m, "reg.example.com/nic:fixed")
+	tb.waitLoaded("nic", "reg.example.com/nic:fixed", n)
+}
+
+// TestRefusedWorkerPodIsReportedAndBacksOff: a namespace whose Pod Security level forbids the
+// worker pod (SYS_MODULE, hostPath) makes the API server refuse it; the pair reports PodRejected
+// with a Warning Event and retries with back-off, and loads once the policy allows the pod.
+func TestRefusedWorkerPodIsReportedAndBacksOff(t *testing.T) {
+	startOperator(t)
+	tb := newTestBed(t, 1, kernelA)
+	n := tb.nodes[0]
+	setNamespaceLabel(t, tb.ns, "pod-security.kubernetes.io/enforce", "baseline")
+	tb.create(tb.module("nic"))
+
+	eventually(t, 20*time.Second, func() (bool, string) {
+		st := pairStatus(n, tb.ns, "nic")
+		return st != nil && st.Reason == fsm.ReasonPodRejected && strings.Contains(st.Message, "forbidden") && st.Attempts >= 2, describe(st)
+	})
+	if got := warningEvents(t, tb.ns, "nic", fsm.ReasonPodRejected); got < 1 {
+		t.Errorf("no Warning Event PodRejected on the Module")
+	}
+	// Back-off holds: within 6 s of the policy (1, 2, 4, 4 s ...) at most a handful of attempts.
+	before := pairStatus(n, tb.ns, "nic").Attempts
+	time.Sleep(6 * time.Second)
+	if after := pairStatus(n, tb.ns, "nic").Attempts; after-before > 3 {
+		t.Fatalf("attempts went from %d to %d in 6 s: back-off not held", before, after)
+	}
+	setNamespaceLabel(t, tb.ns, "pod-security.kubernetes.io/enforce", "privileged")
+	tb.waitLoaded("nic", "reg.example.com/nic:a", n)
+}
+
+// TestKernelStringsANodeCannotHaveAreNotLoaded: a node reporting a kernel version that is no kernel
+// release (too long, a "/") gets no spec entry and no worker pod; the Module says why.
+func TestKernelStringsANodeCannotHaveAreNotLoaded(t *testing.T) {
+	startOperator(t)
+	tb := newTestBed(t, 1, kernelA)
+	tb.addNode(tb.nodes[0]+"-slash", "6.1.0-56/../../../etc")
+	tb.addNode(tb.nodes[0]+"-long", strings.Repeat("6", 4096))
+	m := tb.module("nic")
+	m.Spec.ModuleLoader.Container.KernelMappings = append(m.Spec.ModuleLoader.Container.KernelMappings, kmmv1beta1.KernelMapping{Regexp: "^.+$", ContainerImage: "reg.example.com/nic:any"})
+	tb.create(m)
+	tb.waitLoaded("nic", "reg.example.com/nic:a", tb.nodes[0])
+
+	eventually(t, 20*time.Second, func() (bool, string) {
+		got := &kmmv1beta1.Module{}
+		_ = k8s.Get(context.Background(), client.ObjectKey{Namespace: tb.ns, Name: "nic"}, got)
+		c := meta.FindStatusCondition(got.Status.Conditions, kmmv1beta1.ConditionDegraded)
+		return c != nil && c.Status == metav1.ConditionTrue && strings.Contains(c.Message, tb.nodes[1]) && strings.Contains(c.Message, tb.nodes[2]),
+			fmt.Sprintf("Degraded condition %+v", c)
+	})
+	for _, bad := range tb.nodes[1:] {
+		if len(workerPodsOn(t, bad)) != 0 || node.RunCount(bad, tb.ns+"/nic") != 0 {
+			t.Errorf("a worker pod ran on %s", bad)
+		}
+		if st := pairStatus(bad, tb.ns, "nic"); st != nil && st.State != kmmv1beta1.StateAbsent {
+			t.Errorf("%s has %s", bad, describe(st))
+		}
+	}
+}
+
+// warningEvents counts the Warning Events with reason on Module name.
+func warningEvents(t *testing.T, ns, name, reason string) int {
+	t.Helper()
+	evs := &eventsv1.EventList{}
+	if err := k8s.List(context.Background(), evs, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range evs.Items {
+		if e.Regarding.Kind == "Module" && e.Regarding.Name == name && e.Reason == reason && e.Type == corev1.EventTypeWarning {
+			n++
+			if e.Series != nil {
+				n += int(e.Series.Count) - 1
+			}
+		}
+	}
+	return n
+}
+
+func setFirstImage(t *testing.T, m *kmmv1beta1.Module, image string) {
+	t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		got := &kmmv1beta1.Module{}
+		if err := k8s.Get(context.Background(), client.ObjectKeyFromObject(m), got); err != nil {
+			return err
+		}
+		got.Spec.ModuleLoader.Container.KernelMappings[0].ContainerImage = image
+		return k8s.Update(context.Background(), got)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func setNamespaceLabel(t *testing.T, ns, key, value string) {
+	t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		got := &corev1.Namespace{}
+		if err := k8s.Get(context.Background(), client.ObjectKey{Name: ns}, got); err != nil {
+			return err
+		}
+		if got.Labels == nil {
+			got.Labels = map[string]string{}
+		}
+		got.Labels[key] = value
+		return k8s.Update(context.Background(), got)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
