@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -155,4 +156,48 @@ func setNamespaceLabel(t *testing.T, ns, key, value string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestRefusedDevicePluginIsReported: a DaemonSet the API server refuses (here two volumes of one
+// name, which the Module's schema lets through) makes the Module Degraded with reason ObjectRefused
+// and a Warning Event; the kmod is still loaded, and a fixed Module clears it.
+func TestRefusedDevicePluginIsReported(t *testing.T) {
+	startOperator(t)
+	tb := newTestBed(t, 1, kernelA)
+	m := tb.module("nic")
+	dev := corev1.Volume{Name: "dev", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/dev"}}}
+	m.Spec.DevicePlugin = &kmmv1beta1.DevicePluginSpec{Container: kmmv1beta1.DevicePluginContainerSpec{Image: "reg.example.com/nic-dp:1"},
+		Volumes: []corev1.Volume{dev, dev}}
+	tb.create(m)
+	tb.waitLoaded("nic", "reg.example.com/nic:a", tb.nodes[0])
+	eventually(t, 20*time.Second, func() (bool, string) {
+		got := &kmmv1beta1.Module{}
+		_ = k8s.Get(context.Background(), client.ObjectKeyFromObject(m), got)
+		c := meta.FindStatusCondition(got.Status.Conditions, kmmv1beta1.ConditionDegraded)
+		return c != nil && c.Status == metav1.ConditionTrue && c.Reason == kmmv1beta1.ReasonObjectRefused && strings.Contains(c.Message, "Duplicate value"),
+			fmt.Sprintf("Degraded condition %+v", c)
+	})
+	eventually(t, 10*time.Second, func() (bool, string) {
+		n := warningEvents(t, tb.ns, "nic", kmmv1beta1.ReasonObjectRefused)
+		return n >= 1, fmt.Sprintf("%d Warning Events ObjectRefused", n)
+	})
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		got := &kmmv1beta1.Module{}
+		if err := k8s.Get(context.Background(), client.ObjectKeyFromObject(m), got); err != nil {
+			return err
+		}
+		got.Spec.DevicePlugin.Volumes = got.Spec.DevicePlugin.Volumes[:1]
+		return k8s.Update(context.Background(), got)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, func() (bool, string) {
+		got := &kmmv1beta1.Module{}
+		_ = k8s.Get(context.Background(), client.ObjectKeyFromObject(m), got)
+		c := meta.FindStatusCondition(got.Status.Conditions, kmmv1beta1.ConditionDegraded)
+		dss := &appsv1.DaemonSetList{}
+		_ = k8s.List(context.Background(), dss, client.InNamespace(tb.ns))
+		return c != nil && c.Status == metav1.ConditionFalse && len(dss.Items) == 1, fmt.Sprintf("Degraded condition %+v, %d DaemonSets after the fix", c, len(dss.Items))
+	})
 }

@@ -150,11 +150,32 @@ func (r *ModuleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 		return ctrl.Result{}, r.writeStatus(ctx, scope)
 	}
 	errs := []error{r.syncSpecs(ctx, scope, log), r.syncDevicePlugin(ctx, scope)}
+	// A refusal for what the object is will not pass by itself: the status and an Event say so
+	// (the error still requeues with back-off, for a refusal that a policy change lifts).
+	scope.refused = refusalMessage(errs...)
 	errs = append(errs, r.writeStatus(ctx, scope))
 	if err := errors.Join(errs...); err != nil {
 		return ctrl.Result{}, err
 	}
 	return ctrl.Result{}, r.releaseWhenUnloaded(ctx, scope, log)
+}
+
+// refusalMessage is the message of the first error the API server gave for what an object is, "" when none.
+func refusalMessage(errs ...error) string {
+	for _, err := range errs {
+		if err != nil && refusedForGood(err) {
+			return head(err.Error(), 1024)
+		}
+	}
+	return ""
+}
+
+// head is at most the first n bytes of s.
+func head(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
 }
 
 // moduleScope is what one Module reconcile read and decided.
@@ -164,6 +185,8 @@ type moduleScope struct {
 	nmcs      map[string]*kmmv1beta1.NodeModulesConfig
 	decisions map[string]fsm.SpecDecision
 	invalid   string
+	// refused quotes the API server's refusal of an object derived from the Module ("" when none).
+	refused string
 }
 
 func (r *ModuleReconciler) gather(ctx context.Context, m *kmmv1beta1.Module) (*moduleScope, error) {

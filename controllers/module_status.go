@@ -108,7 +108,8 @@ func computeModuleStatus(s *moduleScope, daemonSets []appsv1.DaemonSet) kmmv1bet
 		st.DevicePlugin.DesiredNumber += ds.Status.DesiredNumberScheduled
 		st.DevicePlugin.AvailableNumber += ds.Status.NumberAvailable
 	}
-	st.Conditions = moduleConditions(s.invalid, st.ModuleLoader, noMapping, failing, m.Generation)
+	problem := moduleProblem{invalid: s.invalid, refused: s.refused}
+	st.Conditions = moduleConditions(problem, st.ModuleLoader, noMapping, failing, m.Generation)
 	return st
 }
 
@@ -132,7 +133,14 @@ func pairCounts(nmc *kmmv1beta1.NodeModulesConfig, m *kmmv1beta1.Module) (kmmv1b
 	return ps.State, desired, available
 }
 
-func moduleConditions(invalid string, loader kmmv1beta1.DaemonSetStatus, noMapping, failing []string, gen int64) []metav1.Condition {
+// moduleProblem is what is wrong with a Module itself: invalid, or an object derived from it refused.
+type moduleProblem struct {
+	invalid string
+	refused string
+}
+
+func moduleConditions(problem moduleProblem, loader kmmv1beta1.DaemonSetStatus, noMapping, failing []string, gen int64) []metav1.Condition {
+	invalid := problem.invalid
 	cond := func(t string, ok bool, reason, msg string) metav1.Condition {
 		status := metav1.ConditionFalse
 		if ok {
@@ -155,6 +163,8 @@ func moduleConditions(invalid string, loader kmmv1beta1.DaemonSetStatus, noMappi
 	case invalid != "":
 		degraded = cond(kmmv1beta1.ConditionDegraded, true, kmmv1beta1.ReasonInvalidSpec, invalid)
 		ready.Reason, ready.Message = kmmv1beta1.ReasonInvalidSpec, "the Module is invalid"
+	case problem.refused != "":
+		degraded = cond(kmmv1beta1.ConditionDegraded, true, kmmv1beta1.ReasonObjectRefused, problem.refused)
 	case len(failing) > 0:
 		degraded = cond(kmmv1beta1.ConditionDegraded, true, kmmv1beta1.ReasonWorkerFailing, "worker failing on "+joinSorted(failing))
 		ready.Reason = kmmv1beta1.ReasonWorkerFailing

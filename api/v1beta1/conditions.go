@@ -24,6 +24,10 @@ const (
 	ReasonNoKernelMapping = "NoKernelMapping"
 	// ReasonWorkerFailing: a worker pod failed on at least one node and is being retried.
 	ReasonWorkerFailing = "WorkerFailing"
+	// ReasonObjectRefused: the API server refused an object kmm derives from the Module (an NMC
+	// entry, the device plugin DaemonSet) for what it is (invalid, forbidden, too large); the
+	// message quotes it. Retried on every change, with back-off.
+	ReasonObjectRefused = "ObjectRefused"
 	// ReasonAsExpected: nothing is wrong.
 	ReasonAsExpected = "AsExpected"
 )
