@@ -18,16 +18,16 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
-	"github.com/kmm-project/kmm/worker"
+	"github.com/kmm-project/kmm/contract"
 )
 
 // devicePluginLabels mark every device plugin DaemonSet and pod of a Module.
 func devicePluginLabels(m *kmmv1beta1.Module) map[string]string {
 	return map[string]string{
-		worker.LabelManagedBy:       worker.ManagedBy,
-		worker.LabelDevicePlugin:    "true",
-		worker.LabelModuleNamespace: m.Namespace,
-		worker.LabelModuleName:      m.Name,
+		contract.LabelManagedBy:       contract.ManagedBy,
+		contract.LabelDevicePlugin:    "true",
+		contract.LabelModuleNamespace: m.Namespace,
+		contract.LabelModuleName:      m.Name,
 	}
 }
 

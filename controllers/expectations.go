@@ -7,8 +7,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/fsm"
-	"github.com/kmm-project/kmm/worker"
 )
 
 // expectationTTL bounds how long the NMC controller trusts its own pod writes over a cache that
@@ -58,7 +58,7 @@ func (e *podExpectations) created(pod *corev1.Pod, now time.Time) {
 		e.creates[pod.Spec.NodeName] = map[string]expectedPod{}
 	}
 	e.creates[pod.Spec.NodeName][pod.Name] = expectedPod{pod: pod, at: now}
-	delete(e.refused[pod.Spec.NodeName], pod.Labels[worker.LabelModuleNamespace]+"/"+pod.Labels[worker.LabelModuleName])
+	delete(e.refused[pod.Spec.NodeName], pod.Labels[contract.LabelModuleNamespace]+"/"+pod.Labels[contract.LabelModuleName])
 	if len(e.refused[pod.Spec.NodeName]) == 0 {
 		delete(e.refused, pod.Spec.NodeName)
 	}
@@ -94,7 +94,7 @@ func (e *podExpectations) fill(f *nodeFacts, node string, now time.Time) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for name, x := range e.creates[node] {
-		key := x.pod.Labels[worker.LabelModuleNamespace] + "/" + x.pod.Labels[worker.LabelModuleName]
+		key := x.pod.Labels[contract.LabelModuleNamespace] + "/" + x.pod.Labels[contract.LabelModuleName]
 		switch p := f.workers[key]; {
 		case now.Sub(x.at) > expectationTTL || p != nil && p.Name == name:
 			delete(e.creates[node], name)

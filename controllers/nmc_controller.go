@@ -23,9 +23,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/fsm"
 	"github.com/kmm-project/kmm/internal/semantic"
-	"github.com/kmm-project/kmm/worker"
 )
 
 // +kubebuilder:rbac:groups=kmm.sigs.x-k8s.io,resources=nodemodulesconfigs,verbs=get;list;watch;delete
@@ -71,7 +71,7 @@ func (r *NMCReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		}
 		return nil
 	})
-	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.Pod{}, worker.PodNodeNameField, func(o client.Object) []string {
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.Pod{}, contract.PodNodeNameField, func(o client.Object) []string {
 		return []string{o.(*corev1.Pod).Spec.NodeName}
 	}); err != nil {
 		return fmt.Errorf("indexing pods by node: %w", err)
@@ -121,6 +121,8 @@ type pairOutcome struct {
 	key    string
 	result fsm.Result
 	pod    *corev1.Pod
+	// worker is pod as ObserveWorker read it (its termination message parsed once), zero without a pod.
+	worker fsm.Worker
 }
 
 // Reconcile gathers the node's facts, decides every pair, writes the NMC status once and executes.
@@ -162,8 +164,8 @@ func (r *NMCReconciler) gather(ctx context.Context, name string) (*nodeFacts, er
 		return nil, err
 	}
 	pods := &corev1.PodList{}
-	if err := r.Client.List(ctx, pods, client.MatchingLabels{worker.LabelManagedBy: worker.ManagedBy},
-		client.MatchingFields{worker.PodNodeNameField: name}, client.UnsafeDisableDeepCopy); err != nil {
+	if err := r.Client.List(ctx, pods, client.MatchingLabels{contract.LabelManagedBy: contract.ManagedBy},
+		client.MatchingFields{contract.PodNodeNameField: name}, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, err
 	}
 	for i := range pods.Items {
@@ -188,13 +190,13 @@ func collectPod(f *nodeFacts, p *corev1.Pod, node string) {
 	if p.Spec.NodeName != node {
 		return
 	}
-	if p.Labels[worker.LabelWorker] == "true" {
-		f.workers[p.Labels[worker.LabelModuleNamespace]+"/"+p.Labels[worker.LabelModuleName]] = p
+	if p.Labels[contract.LabelWorker] == "true" {
+		f.workers[p.Labels[contract.LabelModuleNamespace]+"/"+p.Labels[contract.LabelModuleName]] = p
 		return
 	}
 	// A device plugin pod counts until it is gone, Terminating included: it may still use the module.
-	if p.Labels[worker.LabelDevicePlugin] != "" && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
-		f.dpRunning[p.Labels[worker.LabelModuleNamespace]+"/"+p.Labels[worker.LabelModuleName]] = true
+	if p.Labels[contract.LabelDevicePlugin] != "" && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
+		f.dpRunning[p.Labels[contract.LabelModuleNamespace]+"/"+p.Labels[contract.LabelModuleName]] = true
 	}
 }
 
@@ -217,7 +219,7 @@ func (r *NMCReconciler) decide(ctx context.Context, f *nodeFacts, now time.Time,
 		for _, t := range res.Fired {
 			log.Info("Transition", "module", key, "from", t.From, "to", t.To, "trigger", t.Trigger)
 		}
-		out = append(out, pairOutcome{key: key, result: res, pod: f.workers[key]})
+		out = append(out, pairOutcome{key: key, result: res, pod: f.workers[key], worker: facts.Worker})
 	}
 	return out, nil
 }
@@ -329,18 +331,19 @@ func (r *NMCReconciler) record(f *nodeFacts, outcomes []pairOutcome) {
 			r.Recorder.Eventf(module, f.nmc, corev1.EventTypeWarning, t.Reason, "Transition", note)
 		}
 		if o.pod != nil && o.result.Plan.DeleteWorker {
-			observeFinishedPod(o.pod)
+			observeFinishedPod(o.pod, o.worker)
 		}
 	}
 }
 
-func observeFinishedPod(p *corev1.Pod) {
-	action, outcome := p.Labels[worker.LabelAction], string(p.Status.Phase)
+// observeFinishedPod counts a finished worker pod; w is the pod as ObserveWorker read it.
+func observeFinishedPod(p *corev1.Pod, w fsm.Worker) {
+	action, outcome := p.Labels[contract.LabelAction], string(p.Status.Phase)
 	if d, ok := workerDuration(p); ok {
 		workerPodDuration.WithLabelValues(action, outcome).Observe(d.Seconds())
 	}
 	if p.Status.Phase == corev1.PodFailed {
-		workerFailuresTotal.WithLabelValues(action, workerResult(p).Reason).Inc()
+		workerFailuresTotal.WithLabelValues(action, w.Result.Reason).Inc()
 	}
 }
 

@@ -18,11 +18,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/fsm"
 	"github.com/kmm-project/kmm/internal/manager"
 	"github.com/kmm-project/kmm/test/agent"
 	"github.com/kmm-project/kmm/test/envtest"
-	"github.com/kmm-project/kmm/worker"
 )
 
 const (
@@ -91,7 +91,7 @@ type podWatch struct {
 }
 
 func (w *podWatch) start(ctx context.Context) error {
-	return watchEach(ctx, &corev1.PodList{}, w.observe, client.MatchingLabels{worker.LabelWorker: "true"})
+	return watchEach(ctx, &corev1.PodList{}, w.observe, client.MatchingLabels{contract.LabelWorker: "true"})
 }
 
 // watchEach watches the objects of list until ctx ends and hands each event's object, in order,
@@ -128,7 +128,7 @@ func watchForTest[T client.Object](t *testing.T, list client.ObjectList, observe
 func (w *podWatch) observe(t watch.EventType, p *corev1.Pod) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	pair := p.Spec.NodeName + "/" + p.Labels[worker.LabelModuleNamespace] + "/" + p.Labels[worker.LabelModuleName]
+	pair := p.Spec.NodeName + "/" + p.Labels[contract.LabelModuleNamespace] + "/" + p.Labels[contract.LabelModuleName]
 	if w.live[pair] == nil {
 		w.live[pair] = map[string]bool{}
 	}
@@ -331,7 +331,7 @@ func getNode(t *testing.T, name string) *corev1.Node {
 func workerPodsOn(t *testing.T, nodeName string) []corev1.Pod {
 	t.Helper()
 	pods := &corev1.PodList{}
-	if err := k8s.List(context.Background(), pods, client.MatchingLabels{worker.LabelWorker: "true", worker.LabelNode: nodeName}); err != nil {
+	if err := k8s.List(context.Background(), pods, client.MatchingLabels{contract.LabelWorker: "true", contract.LabelNode: nodeName}); err != nil {
 		t.Fatal(err)
 	}
 	return pods.Items

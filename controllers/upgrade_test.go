@@ -15,8 +15,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/fsm"
-	"github.com/kmm-project/kmm/worker"
 )
 
 // TestOrderedUpgrade follows seed 002 over three nodes: node 0 by the manual steps (remove the
@@ -124,7 +124,7 @@ func waitDevicePlugins(t *testing.T, ns, version string, nodes ...string) {
 	t.Helper()
 	eventually(t, 30*time.Second, func() (bool, string) {
 		pods := &corev1.PodList{}
-		_ = k8s.List(context.Background(), pods, client.InNamespace(ns), client.MatchingLabels{worker.LabelDevicePlugin: "true"})
+		_ = k8s.List(context.Background(), pods, client.InNamespace(ns), client.MatchingLabels{contract.LabelDevicePlugin: "true"})
 		for _, n := range nodes {
 			found := false
 			for _, p := range pods.Items {
@@ -178,9 +178,9 @@ func watchUnloadVersusDevicePlugin(t *testing.T, ns string) *unloadVsDevicePlugi
 func (u *unloadVsDevicePlugin) observe(t watch.EventType, p *corev1.Pod) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	pair := p.Spec.NodeName + "/" + p.Labels[worker.LabelModuleName]
-	isUnload := p.Labels[worker.LabelAction] == "unload"
-	if !isUnload && p.Labels[worker.LabelDevicePlugin] == "" {
+	pair := p.Spec.NodeName + "/" + p.Labels[contract.LabelModuleName]
+	isUnload := p.Labels[contract.LabelAction] == "unload"
+	if !isUnload && p.Labels[contract.LabelDevicePlugin] == "" {
 		return
 	}
 	set := u.dp

@@ -15,8 +15,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/fsm"
-	"github.com/kmm-project/kmm/worker"
 )
 
 // Host paths the worker pod mounts.
@@ -24,7 +24,7 @@ const (
 	// CacheHostPath keeps pulled kmod images across pods (and reboots).
 	CacheHostPath = "/var/lib/kmm/cache"
 	// FirmwareHostPath is where firmware is installed on the node.
-	FirmwareHostPath = worker.DefaultFirmwareHostPath
+	FirmwareHostPath = contract.DefaultFirmwareHostPath
 	pullSecretDir    = "/var/run/kmm/pull-secret" //nolint:gosec // G101: a mount path, not a credential
 )
 
@@ -43,7 +43,7 @@ func WorkerPodName(node, namespace, name string) string {
 // restarted, no API token, SYS_MODULE, privileged only with firmware, config through the downward API.
 func WorkerPod(node, image string, in *fsm.WorkerIntent) (*corev1.Pod, error) {
 	e := &in.Entry
-	cfg := worker.Config{Namespace: e.Namespace, Name: e.Name, Config: e.Config}
+	cfg := contract.Config{Namespace: e.Namespace, Name: e.Name, Config: e.Config}
 	firmware := e.Config.Modprobe.FirmwarePath != ""
 	if firmware {
 		cfg.SetFirmwareClassPath, cfg.FirmwareHostPath = true, FirmwareHostPath
@@ -52,8 +52,8 @@ func WorkerPod(node, image string, in *fsm.WorkerIntent) (*corev1.Pod, error) {
 	if err != nil {
 		return nil, fmt.Errorf("encoding the worker config: %w", err)
 	}
-	args := []string{string(in.Action), "--config", worker.ConfigFile, "--cache-dir", CacheHostPath,
-		"--timeout", worker.DefaultTimeout.String()}
+	args := []string{string(in.Action), "--config", contract.ConfigFile, "--cache-dir", CacheHostPath,
+		"--timeout", contract.DefaultTimeout.String()}
 	if e.ImageRepoSecret != nil {
 		args = append(args, "--pull-secret", path.Join(pullSecretDir, corev1.DockerConfigJsonKey))
 	}
@@ -62,7 +62,7 @@ func WorkerPod(node, image string, in *fsm.WorkerIntent) (*corev1.Pod, error) {
 			Name:        WorkerPodName(node, e.Namespace, e.Name),
 			Namespace:   e.Namespace,
 			Labels:      workerLabels(node, e, in.Action),
-			Annotations: map[string]string{worker.AnnotationConfig: string(data), worker.AnnotationAttempt: strconv.Itoa(int(in.Attempt))},
+			Annotations: map[string]string{contract.AnnotationConfig: string(data), contract.AnnotationAttempt: strconv.Itoa(int(in.Attempt))},
 		},
 		Spec: corev1.PodSpec{
 			NodeName:                     node,
@@ -72,7 +72,7 @@ func WorkerPod(node, image string, in *fsm.WorkerIntent) (*corev1.Pod, error) {
 			ServiceAccountName:           e.ServiceAccountName,
 			Tolerations:                  e.Tolerations,
 			Containers: []corev1.Container{{
-				Name:                     worker.ContainerName,
+				Name:                     contract.ContainerName,
 				Image:                    image,
 				Args:                     args,
 				TerminationMessagePolicy: corev1.TerminationMessageReadFile,
@@ -87,9 +87,9 @@ func WorkerPod(node, image string, in *fsm.WorkerIntent) (*corev1.Pod, error) {
 }
 
 // WorkerPodDeadline is the worker pod's activeDeadlineSeconds: the worker's own deadline
-// (worker.DefaultTimeout, passed as --timeout) plus a minute to start, write its result and exit.
+// (contract.DefaultTimeout, passed as --timeout) plus a minute to start, write its result and exit.
 // The NMC decision fails a pod still there after fsm.DefaultWorkerTimeout.
-const WorkerPodDeadline = worker.DefaultTimeout + time.Minute
+const WorkerPodDeadline = contract.DefaultTimeout + time.Minute
 
 // workerResources bound the worker container: it streams the image (peak RSS measured at 13-19
 // MiB, see docs/worker-limits.md); the limit leaves room for modprobe and the page cache of the
@@ -120,18 +120,18 @@ func workerSecurityContext(firmware bool) *corev1.SecurityContext {
 
 func workerLabels(node string, e *kmmv1beta1.NodeModuleSpec, action fsm.WorkerAction) map[string]string {
 	return map[string]string{
-		worker.LabelManagedBy:       worker.ManagedBy,
-		worker.LabelWorker:          "true",
-		worker.LabelNode:            node,
-		worker.LabelModuleNamespace: e.Namespace,
-		worker.LabelModuleName:      e.Name,
-		worker.LabelAction:          string(action),
+		contract.LabelManagedBy:       contract.ManagedBy,
+		contract.LabelWorker:          "true",
+		contract.LabelNode:            node,
+		contract.LabelModuleNamespace: e.Namespace,
+		contract.LabelModuleName:      e.Name,
+		contract.LabelAction:          string(action),
 	}
 }
 
 func workerMounts(e *kmmv1beta1.NodeModuleSpec, firmware bool) []corev1.VolumeMount {
 	m := []corev1.VolumeMount{
-		{Name: "config", MountPath: path.Dir(worker.ConfigFile), ReadOnly: true},
+		{Name: "config", MountPath: path.Dir(contract.ConfigFile), ReadOnly: true},
 		{Name: "cache", MountPath: CacheHostPath},
 		{Name: "lib-modules", MountPath: "/lib/modules", ReadOnly: true},
 		{Name: "tmp", MountPath: "/tmp"},
@@ -149,8 +149,8 @@ func workerVolumes(e *kmmv1beta1.NodeModuleSpec, firmware bool) []corev1.Volume 
 	dirOrCreate := corev1.HostPathDirectoryOrCreate
 	v := []corev1.Volume{
 		{Name: "config", VolumeSource: corev1.VolumeSource{DownwardAPI: &corev1.DownwardAPIVolumeSource{Items: []corev1.DownwardAPIVolumeFile{{
-			Path:     path.Base(worker.ConfigFile),
-			FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.annotations['" + worker.AnnotationConfig + "']"},
+			Path:     path.Base(contract.ConfigFile),
+			FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.annotations['" + contract.AnnotationConfig + "']"},
 		}}}}},
 		{Name: "cache", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: CacheHostPath, Type: &dirOrCreate}}},
 		{Name: "lib-modules", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/lib/modules"}}},
@@ -166,16 +166,17 @@ func workerVolumes(e *kmmv1beta1.NodeModuleSpec, firmware bool) []corev1.Volume 
 	return v
 }
 
-// ObserveWorker turns a worker pod into the facts the NMC decision reads.
+// ObserveWorker turns a worker pod into the facts the NMC decision reads. It is the one place a
+// finished pod's termination message is parsed: the reconciler's metrics use the Result it returns.
 func ObserveWorker(pod *corev1.Pod) fsm.Worker {
-	w := fsm.Worker{Action: fsm.WorkerAction(pod.Labels[worker.LabelAction]), Created: pod.CreationTimestamp.Time}
-	if a, err := strconv.Atoi(pod.Annotations[worker.AnnotationAttempt]); err == nil {
+	w := fsm.Worker{Action: fsm.WorkerAction(pod.Labels[contract.LabelAction]), Created: pod.CreationTimestamp.Time}
+	if a, err := strconv.Atoi(pod.Annotations[contract.AnnotationAttempt]); err == nil {
 		w.Attempt = int32(a) //nolint:gosec // G109: the attempt annotation is written by the operator and small
 	}
 	// Decoded, not validated: the operator wrote it, and a config the worker refused must still be
 	// known as the one that failed (else every failure looked like a changed spec: a retry storm).
-	var cfg worker.Config
-	if err := json.Unmarshal([]byte(pod.Annotations[worker.AnnotationConfig]), &cfg); err == nil {
+	var cfg contract.Config
+	if err := json.Unmarshal([]byte(pod.Annotations[contract.AnnotationConfig]), &cfg); err == nil {
 		w.EntryKnown = true
 		w.Entry = kmmv1beta1.NodeModuleSpec{Namespace: cfg.Namespace, Name: cfg.Name, Config: cfg.Config,
 			ServiceAccountName: pod.Spec.ServiceAccountName, Tolerations: pod.Spec.Tolerations}
@@ -210,10 +211,10 @@ func pullSecretVolume(pod *corev1.Pod) string {
 // one (evicted, killed) is a failure of class Other with the pod's own reason.
 func workerResult(pod *corev1.Pod) fsm.WorkerResult {
 	for _, cs := range pod.Status.ContainerStatuses {
-		if cs.Name != worker.ContainerName || cs.State.Terminated == nil {
+		if cs.Name != contract.ContainerName || cs.State.Terminated == nil {
 			continue
 		}
-		if r, err := worker.ParseResult([]byte(cs.State.Terminated.Message)); err == nil {
+		if r, err := contract.ParseResult([]byte(cs.State.Terminated.Message)); err == nil {
 			return fsm.WorkerResult{BootID: r.BootID, ImageDigest: r.ImageDigest, Reason: string(r.Reason), Message: r.Message}
 		}
 	}
@@ -224,13 +225,13 @@ func workerResult(pod *corev1.Pod) fsm.WorkerResult {
 	if pod.Status.Phase == corev1.PodSucceeded {
 		return fsm.WorkerResult{}
 	}
-	return fsm.WorkerResult{Reason: string(worker.ReasonOther), Message: pod.Status.Reason + " " + msg}
+	return fsm.WorkerResult{Reason: string(contract.ReasonOther), Message: pod.Status.Reason + " " + msg}
 }
 
 // workerDuration is how long a finished worker pod ran.
 func workerDuration(pod *corev1.Pod) (time.Duration, bool) {
 	for _, cs := range pod.Status.ContainerStatuses {
-		if t := cs.State.Terminated; cs.Name == worker.ContainerName && t != nil && !t.FinishedAt.IsZero() {
+		if t := cs.State.Terminated; cs.Name == contract.ContainerName && t != nil && !t.FinishedAt.IsZero() {
 			return t.FinishedAt.Sub(pod.CreationTimestamp.Time), true
 		}
 	}

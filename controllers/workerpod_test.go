@@ -8,8 +8,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/fsm"
-	"github.com/kmm-project/kmm/worker"
 )
 
 func intent(firmware string, secret bool) *fsm.WorkerIntent {
@@ -43,10 +43,10 @@ func TestWorkerPodShape(t *testing.T) {
 		t.Errorf("service account %q tolerations %v", pod.Spec.ServiceAccountName, pod.Spec.Tolerations)
 	case strings.Join(c.Args, " ") != "load --config /etc/kmm/config.json --cache-dir /var/lib/kmm/cache --timeout 4m0s --pull-secret /var/run/kmm/pull-secret/.dockerconfigjson":
 		t.Errorf("args %q", c.Args)
-	case pod.Annotations[worker.AnnotationAttempt] != "3" || pod.Labels[worker.LabelWorker] != "true" || pod.Labels[worker.LabelManagedBy] != worker.ManagedBy:
+	case pod.Annotations[contract.AnnotationAttempt] != "3" || pod.Labels[contract.LabelWorker] != "true" || pod.Labels[contract.LabelManagedBy] != contract.ManagedBy:
 		t.Errorf("labels %v annotations %v", pod.Labels, pod.Annotations)
 	}
-	cfg, err := worker.ParseConfig([]byte(pod.Annotations[worker.AnnotationConfig]))
+	cfg, err := contract.ParseConfig([]byte(pod.Annotations[contract.AnnotationConfig]))
 	if err != nil || cfg.Config.ContainerImage != "reg/nic:1" || cfg.SetFirmwareClassPath {
 		t.Errorf("config annotation %v: %+v", err, cfg)
 	}
@@ -62,8 +62,8 @@ func checkWorkerHardening(t *testing.T, pod *corev1.Pod) {
 	t.Helper()
 	sc := pod.Spec.Containers[0].SecurityContext
 	switch {
-	case pod.Spec.ActiveDeadlineSeconds == nil || *pod.Spec.ActiveDeadlineSeconds <= int64(worker.DefaultTimeout.Seconds()):
-		t.Errorf("activeDeadlineSeconds %v, want more than the worker's own %v", pod.Spec.ActiveDeadlineSeconds, worker.DefaultTimeout)
+	case pod.Spec.ActiveDeadlineSeconds == nil || *pod.Spec.ActiveDeadlineSeconds <= int64(contract.DefaultTimeout.Seconds()):
+		t.Errorf("activeDeadlineSeconds %v, want more than the worker's own %v", pod.Spec.ActiveDeadlineSeconds, contract.DefaultTimeout)
 	case len(sc.Capabilities.Drop) != 1 || sc.Capabilities.Drop[0] != "ALL":
 		t.Errorf("capabilities %+v: not dropping ALL", sc.Capabilities)
 	case sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation:
@@ -79,7 +79,7 @@ func checkWorkerHardening(t *testing.T, pod *corev1.Pod) {
 
 func hasDownwardConfig(pod *corev1.Pod) bool {
 	for _, v := range pod.Spec.Volumes {
-		if v.DownwardAPI != nil && strings.Contains(v.DownwardAPI.Items[0].FieldRef.FieldPath, worker.AnnotationConfig) {
+		if v.DownwardAPI != nil && strings.Contains(v.DownwardAPI.Items[0].FieldRef.FieldPath, contract.AnnotationConfig) {
 			return true
 		}
 	}
@@ -94,7 +94,7 @@ func TestWorkerPodIsPrivilegedOnlyForFirmware(t *testing.T) {
 	if !*pod.Spec.Containers[0].SecurityContext.Privileged {
 		t.Fatal("a firmware load needs a privileged pod to write /sys")
 	}
-	cfg, _ := worker.ParseConfig([]byte(pod.Annotations[worker.AnnotationConfig]))
+	cfg, _ := contract.ParseConfig([]byte(pod.Annotations[contract.AnnotationConfig]))
 	if !cfg.SetFirmwareClassPath || cfg.FirmwareHostPath != FirmwareHostPath {
 		t.Fatalf("config %+v", cfg)
 	}
@@ -110,14 +110,14 @@ func TestWorkerPodNameStaysValid(t *testing.T) {
 // TestObserveWorkerReadsTheResult round-trips a pod through ObserveWorker.
 func TestObserveWorkerReadsTheResult(t *testing.T) {
 	pod, _ := WorkerPod("n", "img", intent("", true))
-	res := worker.Result{Action: worker.ActionLoad, Namespace: "drivers", Name: "nic", Kernel: "k", BootID: "b7",
-		ImageDigest: "sha256:ab", Outcome: worker.OutcomeFailed, Reason: worker.ReasonImagePull, Message: "manifest unknown"}
+	res := contract.Result{Action: contract.ActionLoad, Namespace: "drivers", Name: "nic", Kernel: "k", BootID: "b7",
+		ImageDigest: "sha256:ab", Outcome: contract.OutcomeFailed, Reason: contract.ReasonImagePull, Message: "manifest unknown"}
 	msg, err := res.Marshal()
 	if err != nil {
 		t.Fatal(err)
 	}
 	pod.Status.Phase = corev1.PodFailed
-	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: worker.ContainerName, State: corev1.ContainerState{
+	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: contract.ContainerName, State: corev1.ContainerState{
 		Terminated: &corev1.ContainerStateTerminated{ExitCode: 1, Message: string(msg), FinishedAt: metav1.Now()}}}}
 	w := ObserveWorker(pod)
 	if w.Phase != fsm.PodFailed || w.Action != fsm.ActionLoad || w.Attempt != 3 || w.Result.Reason != "ImagePull" ||

@@ -18,7 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
-	"github.com/kmm-project/kmm/worker"
+	"github.com/kmm-project/kmm/contract"
 )
 
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
@@ -36,7 +36,7 @@ func (r *LabelReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	})
 	byPodNode := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []ctrl.Request {
 		p := o.(*corev1.Pod)
-		if p.Labels[worker.LabelDevicePlugin] == "" || p.Spec.NodeName == "" {
+		if p.Labels[contract.LabelDevicePlugin] == "" || p.Spec.NodeName == "" {
 			return nil
 		}
 		return []ctrl.Request{{NamespacedName: types.NamespacedName{Name: p.Spec.NodeName}}}
@@ -87,10 +87,10 @@ func (r *LabelReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 		return ctrl.Result{}, err
 	}
 	// Only this node's device plugin pods, through the pod-by-node index of the manager's cache
-	// (worker.PodNodeNameField), without copies.
+	// (contract.PodNodeNameField), without copies.
 	pods := &corev1.PodList{}
-	if err := r.Client.List(ctx, pods, client.MatchingLabels{worker.LabelDevicePlugin: "true"},
-		client.MatchingFields{worker.PodNodeNameField: node.Name}, client.UnsafeDisableDeepCopy); err != nil {
+	if err := r.Client.List(ctx, pods, client.MatchingLabels{contract.LabelDevicePlugin: "true"},
+		client.MatchingFields{contract.PodNodeNameField: node.Name}, client.UnsafeDisableDeepCopy); err != nil {
 		return ctrl.Result{}, err
 	}
 	patch := map[string]any{}
@@ -148,8 +148,8 @@ func observe(nmc *kmmv1beta1.NodeModulesConfig, pods []corev1.Pod, node string, 
 		}
 	}
 	for _, p := range pods {
-		if p.Spec.NodeName == node && p.Labels[worker.LabelDevicePlugin] != "" &&
-			p.Labels[worker.LabelModuleNamespace] == m.Namespace && p.Labels[worker.LabelModuleName] == m.Name {
+		if p.Spec.NodeName == node && p.Labels[contract.LabelDevicePlugin] != "" &&
+			p.Labels[contract.LabelModuleNamespace] == m.Namespace && p.Labels[contract.LabelModuleName] == m.Name {
 			o.DevicePluginPodOnNode = true
 		}
 	}

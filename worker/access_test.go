@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/kmm-project/kmm/contract"
 )
 
 // TestCachedImageNeedsTheModulesOwnAccess: a private image that Module A pulled is in the node's
@@ -22,9 +24,9 @@ func TestCachedImageNeedsTheModulesOwnAccess(t *testing.T) {
 	withKeys := func(o *Options) { o.Keychain = good }
 	a := testConfig(ref)
 	a.Namespace = "team-a"
-	mustSucceed(t, newTestWorker(t, s, newRecorder(t), withKeys).Run(context.Background(), ActionLoad, a))
+	mustSucceed(t, newTestWorker(t, s, newRecorder(t), withKeys).Run(context.Background(), contract.ActionLoad, a))
 	reg.requests.Store(0)
-	mustSucceed(t, newTestWorker(t, s, newRecorder(t), withKeys).Run(context.Background(), ActionLoad, a))
+	mustSucceed(t, newTestWorker(t, s, newRecorder(t), withKeys).Run(context.Background(), contract.ActionLoad, a))
 	if n := reg.requests.Load(); n != 0 {
 		t.Errorf("Module A's second load made %d registry requests, want 0", n)
 	}
@@ -34,9 +36,9 @@ func TestCachedImageNeedsTheModulesOwnAccess(t *testing.T) {
 		b.Namespace = "team-b"
 		b.Config.ImagePullPolicy = policy
 		m := newRecorder(t)
-		res := newTestWorker(t, s, m).Run(context.Background(), ActionLoad, b)
+		res := newTestWorker(t, s, m).Run(context.Background(), contract.ActionLoad, b)
 		t.Logf("%q without credentials: %s", policy, res.Message)
-		if res.Outcome != OutcomeFailed || res.Reason != ReasonImagePull || len(m.calls) != 0 {
+		if res.Outcome != contract.OutcomeFailed || res.Reason != contract.ReasonImagePull || len(m.calls) != 0 {
 			t.Errorf("policy %q: Module B without credentials got %s %s %q after modprobe %q, want ImagePull and nothing loaded",
 				policy, res.Outcome, res.Reason, res.Message, m.calls)
 		}
@@ -49,13 +51,13 @@ func TestCachedImageNeedsTheModulesOwnAccess(t *testing.T) {
 	b.Namespace = "team-b"
 	reg.requests.Store(0)
 	reg.blobGets.Store(0)
-	res := newTestWorker(t, s, newRecorder(t), withKeys).Run(context.Background(), ActionLoad, b)
+	res := newTestWorker(t, s, newRecorder(t), withKeys).Run(context.Background(), contract.ActionLoad, b)
 	mustSucceed(t, res)
 	if !res.FromCache || res.ImageDigest != digest.String() || reg.blobGets.Load() != 0 {
 		t.Errorf("Module B with credentials: fromCache %v, digest %s, %d blob downloads; want the cached content after one check", res.FromCache, res.ImageDigest, reg.blobGets.Load())
 	}
 	reg.requests.Store(0)
-	mustSucceed(t, newTestWorker(t, s, newRecorder(t), withKeys).Run(context.Background(), ActionLoad, b))
+	mustSucceed(t, newTestWorker(t, s, newRecorder(t), withKeys).Run(context.Background(), contract.ActionLoad, b))
 	if n := reg.requests.Load(); n != 0 {
 		t.Errorf("Module B's second load made %d registry requests, want 0", n)
 	}

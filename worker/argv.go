@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/contract"
 )
 
 // ArgvOptions is what the modprobe command lines need besides the ModuleConfig.
@@ -118,15 +119,15 @@ func SoftdepConfig(order []string) string {
 }
 
 // classifyModprobe turns modprobe's standard error into a failure class.
-func classifyModprobe(stderr string) Reason {
+func classifyModprobe(stderr string) contract.Reason {
 	s := strings.ToLower(stderr)
 	switch {
 	case strings.Contains(s, "in use"), strings.Contains(s, "resource busy"), strings.Contains(s, "resource temporarily unavailable"):
-		return ReasonBusy
+		return contract.ReasonBusy
 	case strings.Contains(s, "not found"):
-		return ReasonNotFound
+		return contract.ReasonNotFound
 	default:
-		return ReasonOther
+		return contract.ReasonOther
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/contract"
 )
 
 func mcWith(mp kmmv1beta1.ModprobeSpec) kmmv1beta1.ModuleConfig {
@@ -109,16 +110,16 @@ func TestSoftdepConfig(t *testing.T) {
 func TestClassifyModprobe(t *testing.T) {
 	cases := []struct {
 		stderr string
-		want   Reason
+		want   contract.Reason
 		absent bool
 	}{
-		{"modprobe: FATAL: Module kmm_x not found in directory /c/opt/lib/modules/6.1.0-k\n", ReasonNotFound, true},
-		{"modprobe: FATAL: Module ice is in use.\n", ReasonBusy, false},
-		{"modprobe: ERROR: could not insert 'x': Device or resource busy\n", ReasonBusy, false},
-		{"modprobe: ERROR: could not insert 'x': Exec format error\n", ReasonOther, false},
-		{"modprobe: FATAL: Module ice is not in kernel.\n", ReasonOther, true},
-		{"modprobe: FATAL: Module ice is builtin.\n", ReasonOther, false},
-		{"", ReasonOther, false},
+		{"modprobe: FATAL: Module kmm_x not found in directory /c/opt/lib/modules/6.1.0-k\n", contract.ReasonNotFound, true},
+		{"modprobe: FATAL: Module ice is in use.\n", contract.ReasonBusy, false},
+		{"modprobe: ERROR: could not insert 'x': Device or resource busy\n", contract.ReasonBusy, false},
+		{"modprobe: ERROR: could not insert 'x': Exec format error\n", contract.ReasonOther, false},
+		{"modprobe: FATAL: Module ice is not in kernel.\n", contract.ReasonOther, true},
+		{"modprobe: FATAL: Module ice is builtin.\n", contract.ReasonOther, false},
+		{"", contract.ReasonOther, false},
 	}
 	for _, tc := range cases {
 		if got := classifyModprobe(tc.stderr); got != tc.want {

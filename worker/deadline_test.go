@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kmm-project/kmm/contract"
 )
 
 // stall blocks until the client gives up on the request.
@@ -49,10 +51,10 @@ func TestDeadlineBoundsAStalledRegistry(t *testing.T) {
 			s, m := newSandbox(t), newRecorder(t)
 			w := newTestWorker(t, s, m, func(o *Options) { o.Timeout = time.Second })
 			start := time.Now()
-			res := w.Run(context.Background(), ActionLoad, testConfig(ref))
+			res := w.Run(context.Background(), contract.ActionLoad, testConfig(ref))
 			elapsed := time.Since(start)
 			t.Logf("after %v: %s", elapsed, res.Message)
-			if res.Outcome != OutcomeFailed || res.Reason != ReasonImagePull || !strings.Contains(res.Message, "timed out after 1s") {
+			if res.Outcome != contract.OutcomeFailed || res.Reason != contract.ReasonImagePull || !strings.Contains(res.Message, "timed out after 1s") {
 				t.Errorf("got %s %s %q, want ImagePull saying it timed out after 1s", res.Outcome, res.Reason, res.Message)
 			}
 			if elapsed > 10*time.Second {
@@ -76,26 +78,26 @@ func TestDeadlineDuringModprobe(t *testing.T) {
 		return nil, nil, errors.New("signal: killed")
 	})
 	w := newTestWorker(t, newSandbox(t), hang, func(o *Options) { o.Timeout = time.Second })
-	res := w.Run(context.Background(), ActionLoad, testConfig(ref))
+	res := w.Run(context.Background(), contract.ActionLoad, testConfig(ref))
 	t.Logf("message: %s", res.Message)
-	if res.Outcome != OutcomeFailed || res.Reason != ReasonOther || !strings.Contains(res.Message, "timed out after 1s") {
+	if res.Outcome != contract.OutcomeFailed || res.Reason != contract.ReasonOther || !strings.Contains(res.Message, "timed out after 1s") {
 		t.Errorf("got %s %s %q, want Other saying it timed out after 1s", res.Outcome, res.Reason, res.Message)
 	}
 }
 
 func TestDeadlineError(t *testing.T) {
-	base := &Error{Reason: ReasonOther, Err: errors.New("layer 0 is not a valid tar archive: context deadline exceeded")}
+	base := &Error{Reason: contract.ReasonOther, Err: errors.New("layer 0 is not a valid tar archive: context deadline exceeded")}
 	cases := map[string]struct {
 		err, ctxErr error
-		reason      Reason
-		want        Reason
+		reason      contract.Reason
+		want        contract.Reason
 		wantMsg     string
 	}{
-		"no error":               {nil, context.DeadlineExceeded, ReasonImagePull, "", ""},
-		"deadline during pull":   {base, context.DeadlineExceeded, ReasonImagePull, ReasonImagePull, "timed out after 2m0s while pulling: layer 0"},
-		"deadline during load":   {base, context.DeadlineExceeded, ReasonOther, ReasonOther, "timed out after 2m0s while pulling: layer 0"},
-		"cancelled, no deadline": {base, context.Canceled, ReasonImagePull, ReasonOther, "layer 0 is not"},
-		"still running":          {base, nil, ReasonImagePull, ReasonOther, "layer 0 is not"},
+		"no error":               {nil, context.DeadlineExceeded, contract.ReasonImagePull, "", ""},
+		"deadline during pull":   {base, context.DeadlineExceeded, contract.ReasonImagePull, contract.ReasonImagePull, "timed out after 2m0s while pulling: layer 0"},
+		"deadline during load":   {base, context.DeadlineExceeded, contract.ReasonOther, contract.ReasonOther, "timed out after 2m0s while pulling: layer 0"},
+		"cancelled, no deadline": {base, context.Canceled, contract.ReasonImagePull, contract.ReasonOther, "layer 0 is not"},
+		"still running":          {base, nil, contract.ReasonImagePull, contract.ReasonOther, "layer 0 is not"},
 	}
 	for name, tc := range cases {
 		err := deadlineError(tc.err, tc.ctxErr, 2*time.Minute, tc.reason, "pulling")

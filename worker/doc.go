@@ -1,12 +1,14 @@
 // Package worker is the code of kmm's one-shot worker pods (SPEC §6): it pulls a kmod image with
 // go-containerregistry into a digest-keyed cache, extracts only `<dirName>/lib/modules/<kernel>` and
 // the firmware directory while refusing unsafe archive entries, removes in-tree modules, installs
-// firmware, runs modprobe to load or unload the module, and reports a Result that the operator
-// reads from the pod's termination message.
+// firmware, runs modprobe to load or unload the module, and reports a contract.Result that the
+// operator reads from the pod's termination message. It is the node side only: the worker pod's
+// labels and annotations, the Config it reads, the Result it writes and the failure classes are
+// package contract, which the operator imports instead of this package.
 //
 // Decisions are pure functions with table tests: the modprobe command lines (LoadArgv, UnloadArgv,
-// InTreeRemoveArgv, SoftdepConfig), the archive entry policy (planEntry), the classification of
-// errors into a Reason, and the bounded Result encoding. Effects on the node go through two small
+// InTreeRemoveArgv, SoftdepConfig), the archive entry policy (planEntry) and the classification of
+// errors into a contract.Reason. Effects on the node go through two small
 // interfaces, Modprobe and Host, so the same code runs on a node (ExecModprobe, NewNodeHost with
 // root "/") and in a sandbox directory (NewSandboxHost, with dry-run command lines that run the real
 // `modprobe -n`).

@@ -8,13 +8,15 @@ import (
 	"strings"
 
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
+
+	"github.com/kmm-project/kmm/contract"
 )
 
 // Error is a worker failure with its class. Stderr holds modprobe's standard error when a modprobe
 // run failed.
 type Error struct {
 	// Reason is the failure class.
-	Reason Reason
+	Reason contract.Reason
 	// Err is what went wrong.
 	Err error
 	// Stderr is modprobe's standard error, when the failure is a modprobe run.
@@ -28,7 +30,7 @@ func (e *Error) Error() string { return e.Err.Error() }
 func (e *Error) Unwrap() error { return e.Err }
 
 // classified wraps err with reason unless it is already classified.
-func classified(reason Reason, err error) error {
+func classified(reason contract.Reason, err error) error {
 	if err == nil {
 		return nil
 	}
@@ -40,17 +42,17 @@ func classified(reason Reason, err error) error {
 }
 
 // errorf builds a classified error from a format.
-func errorf(reason Reason, format string, args ...any) error {
+func errorf(reason contract.Reason, format string, args ...any) error {
 	return &Error{Reason: reason, Err: fmt.Errorf(format, args...)}
 }
 
-// ReasonOf returns the class of err: the Reason of the first *Error in its chain, else ReasonOther.
-func ReasonOf(err error) Reason {
+// ReasonOf returns the class of err: the Reason of the first *Error in its chain, else contract.ReasonOther.
+func ReasonOf(err error) contract.Reason {
 	var we *Error
 	if errors.As(err, &we) {
 		return we.Reason
 	}
-	return ReasonOther
+	return contract.ReasonOther
 }
 
 // stderrOf returns the modprobe stderr recorded in err's chain, if any.
@@ -67,9 +69,9 @@ func stderrOf(err error) string {
 func pullError(image string, err error) error {
 	var le *limitError
 	if errors.As(err, &le) {
-		return &Error{Reason: ReasonOther, Err: fmt.Errorf("pulling %s: %w", image, le)}
+		return &Error{Reason: contract.ReasonOther, Err: fmt.Errorf("pulling %s: %w", image, le)}
 	}
-	return &Error{Reason: ReasonImagePull, Err: fmt.Errorf("pulling %s: %s: %w", image, describePullError(err), err)}
+	return &Error{Reason: contract.ReasonImagePull, Err: fmt.Errorf("pulling %s: %s: %w", image, describePullError(err), err)}
 }
 
 // describePullError names the kind of registry failure err is.

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
+
+	"github.com/kmm-project/kmm/contract"
 )
 
 func TestDescribePullError(t *testing.T) {
@@ -30,8 +32,25 @@ func TestDescribePullError(t *testing.T) {
 			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
 		}
 		err := pullError("r/i:t", tc.err)
-		if ReasonOf(err) != ReasonImagePull || !errors.Is(err, tc.err) || !strings.HasPrefix(err.Error(), "pulling r/i:t: ") {
+		if ReasonOf(err) != contract.ReasonImagePull || !errors.Is(err, tc.err) || !strings.HasPrefix(err.Error(), "pulling r/i:t: ") {
 			t.Errorf("%s: pullError = %v (%s)", tc.name, err, ReasonOf(err))
 		}
+	}
+}
+
+func TestReasonOf(t *testing.T) {
+	inner := &Error{Reason: contract.ReasonBusy, Err: errors.New("in use"), Stderr: "FATAL"}
+	wrapped := fmt.Errorf("unloading: %w", inner)
+	if ReasonOf(wrapped) != contract.ReasonBusy || stderrOf(wrapped) != "FATAL" {
+		t.Errorf("wrapped classified error lost its class or stderr")
+	}
+	if ReasonOf(errors.New("plain")) != contract.ReasonOther {
+		t.Errorf("an unclassified error is Other")
+	}
+	if got := ReasonOf(classified(contract.ReasonImagePull, wrapped)); got != contract.ReasonBusy {
+		t.Errorf("classified must not override an existing class, got %s", got)
+	}
+	if classified(contract.ReasonOther, nil) != nil {
+		t.Errorf("classified(nil) must be nil")
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kmm-project/kmm/contract"
 )
 
 func TestEvictable(t *testing.T) {
@@ -63,7 +65,7 @@ func TestEvictionSkipsEntriesInUse(t *testing.T) {
 
 	reg := newTestRegistry(t, registryOpts{})
 	ref, digest := reg.push(t, "kmod/test:v1", image(t, kmodEntries(t, "opt")))
-	mustSucceed(t, newTestWorker(t, s, newRecorder(t)).Run(context.Background(), ActionLoad, testConfig(ref)))
+	mustSucceed(t, newTestWorker(t, s, newRecorder(t)).Run(context.Background(), contract.ActionLoad, testConfig(ref)))
 
 	for h, want := range map[string]bool{hexes[0]: false, hexes[1]: true, digest.Hex: true} {
 		if _, err := os.Stat(filepath.Join(s.cache, h)); (err == nil) != want {
@@ -72,7 +74,7 @@ func TestEvictionSkipsEntriesInUse(t *testing.T) {
 	}
 	// With a budget smaller than the new entry, nothing in use goes either.
 	ref2, digest2 := reg.push(t, "kmod/other:v1", image(t, append(kmodEntries(t, "opt"), file("opt/lib/modules/"+testKernel+"/x", "2"))))
-	mustSucceed(t, newTestWorker(t, s, newRecorder(t), func(o *Options) { o.CacheBudget = 1 }).Run(context.Background(), ActionLoad, testConfig(ref2)))
+	mustSucceed(t, newTestWorker(t, s, newRecorder(t), func(o *Options) { o.CacheBudget = 1 }).Run(context.Background(), contract.ActionLoad, testConfig(ref2)))
 	for h, want := range map[string]bool{hexes[1]: true, digest.Hex: false, digest2.Hex: true} {
 		if _, err := os.Stat(filepath.Join(s.cache, h)); (err == nil) != want {
 			t.Errorf("over budget: entry %s… present = %v, want %v", h[:8], err == nil, want)

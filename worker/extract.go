@@ -15,6 +15,8 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/partial"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/kmm-project/kmm/contract"
 )
 
 // extractSpec says what to extract from an image and what must be there.
@@ -51,7 +53,7 @@ type extractor struct {
 func extractImage(ctx context.Context, img v1.Image, dir string, spec extractSpec) error {
 	layers, err := img.Layers()
 	if err != nil {
-		return &Error{Reason: ReasonImagePull, Err: fmt.Errorf("reading the image's layers: %w", err)}
+		return &Error{Reason: contract.ReasonImagePull, Err: fmt.Errorf("reading the image's layers: %w", err)}
 	}
 	if len(layers) > spec.Limits.MaxLayers {
 		return overLimit("maxLayers", int64(spec.Limits.MaxLayers), "the image has %d layers", len(layers))
@@ -163,7 +165,7 @@ func (x *extractor) applyLayer(ctx context.Context, l v1.Layer) error {
 	sl := &streamedLayer{l: l, x: x}
 	ul, err := partial.CompressedToLayer(sl)
 	if err != nil {
-		return &Error{Reason: ReasonImagePull, Err: fmt.Errorf("layer %d: %w", x.layer, err)}
+		return &Error{Reason: contract.ReasonImagePull, Err: fmt.Errorf("layer %d: %w", x.layer, err)}
 	}
 	rc, err := ul.Uncompressed()
 	if err != nil {
@@ -198,7 +200,7 @@ func (x *extractor) readArchive(ctx context.Context, r io.Reader) error {
 			return overLimit("maxEntries", int64(x.spec.Limits.MaxEntries), "the layers have more than %d archive entries", x.spec.Limits.MaxEntries)
 		}
 		if err := x.apply(tr, hdr); err != nil {
-			return classified(ReasonOther, err)
+			return classified(contract.ReasonOther, err)
 		}
 	}
 	_, err := io.CopyBuffer(io.Discard, r, x.buf)
@@ -211,14 +213,14 @@ func (x *extractor) readArchive(ctx context.Context, r io.Reader) error {
 func (x *extractor) layerError(s *layerStream, err error) error {
 	if s != nil {
 		if verr := s.verify(x.buf); verr != nil {
-			return &Error{Reason: ReasonImagePull, Err: fmt.Errorf("layer %d (%s): the download failed or does not match its digest: %w", x.layer, s.digest, verr)}
+			return &Error{Reason: contract.ReasonImagePull, Err: fmt.Errorf("layer %d (%s): the download failed or does not match its digest: %w", x.layer, s.digest, verr)}
 		}
 	}
 	var we *Error
 	if errors.As(err, &we) {
 		return &Error{Reason: we.Reason, Err: fmt.Errorf("layer %d: %w", x.layer, err)}
 	}
-	return &Error{Reason: ReasonOther, Err: fmt.Errorf("layer %d is not a valid tar archive: %w", x.layer, err)}
+	return &Error{Reason: contract.ReasonOther, Err: fmt.Errorf("layer %d is not a valid tar archive: %w", x.layer, err)}
 }
 
 // apply carries out the plan for one entry.
@@ -349,7 +351,7 @@ func (x *extractor) checkSymlinks() error {
 			return nil
 		}
 		if _, err := x.root.Stat(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return &Error{Reason: ReasonOther, Err: &unsafeEntryError{Name: p, Why: fmt.Sprintf("symlink does not resolve inside the extraction root: %v", err)}}
+			return &Error{Reason: contract.ReasonOther, Err: &unsafeEntryError{Name: p, Why: fmt.Sprintf("symlink does not resolve inside the extraction root: %v", err)}}
 		}
 		return nil
 	})
@@ -358,12 +360,12 @@ func (x *extractor) checkSymlinks() error {
 // checkRequired reports a missing kernel or firmware directory.
 func (x *extractor) checkRequired() error {
 	if st, err := x.root.Stat(x.spec.KernelDir); err != nil || !st.IsDir() {
-		return &Error{Reason: ReasonNotFound, Err: fmt.Errorf("the image has no directory /%s for kernel %s (kernel directories in the image: %s)",
+		return &Error{Reason: contract.ReasonNotFound, Err: fmt.Errorf("the image has no directory /%s for kernel %s (kernel directories in the image: %s)",
 			x.spec.KernelDir, path.Base(x.spec.KernelDir), x.kernelList())}
 	}
 	if d := x.spec.FirmwareDir; d != "" {
 		if st, err := x.root.Stat(d); err != nil || !st.IsDir() {
-			return &Error{Reason: ReasonNotFound, Err: fmt.Errorf("the image has no firmware directory /%s (modprobe.firmwarePath)", d)}
+			return &Error{Reason: contract.ReasonNotFound, Err: fmt.Errorf("the image has no firmware directory /%s (modprobe.firmwarePath)", d)}
 		}
 	}
 	return nil

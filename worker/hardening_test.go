@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kmm-project/kmm/contract"
 )
 
 // TestTamperedLayerIsAnImagePullFailure serves a layer whose bytes do not match the digest the
@@ -37,9 +39,9 @@ func TestTamperedLayerIsAnImagePullFailure(t *testing.T) {
 			}})
 			ref, digest := reg.push(t, "kmod/tampered:v1", img)
 			s, m, cfg := newSandbox(t), newRecorder(t), testConfig(ref)
-			res := newTestWorker(t, s, m).Run(context.Background(), ActionLoad, cfg)
+			res := newTestWorker(t, s, m).Run(context.Background(), contract.ActionLoad, cfg)
 			t.Logf("message: %s", res.Message)
-			if res.Outcome != OutcomeFailed || res.Reason != ReasonImagePull || !strings.Contains(res.Message, "layer 1") ||
+			if res.Outcome != contract.OutcomeFailed || res.Reason != contract.ReasonImagePull || !strings.Contains(res.Message, "layer 1") ||
 				!strings.Contains(res.Message, "does not match its digest") {
 				t.Errorf("got %s %s %q, want ImagePull saying layer 1 does not match its digest", res.Outcome, res.Reason, res.Message)
 			}
@@ -71,9 +73,9 @@ func TestFirmwareIsAllOrNothing(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(hostFW, "a-good.bin"), []byte("OLD"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	res := newTestWorker(t, s, m).Run(context.Background(), ActionLoad, cfg)
+	res := newTestWorker(t, s, m).Run(context.Background(), contract.ActionLoad, cfg)
 	t.Logf("message: %s", res.Message)
-	if res.Outcome != OutcomeFailed || res.Reason != ReasonOther || !strings.Contains(res.Message, "z-dangling.bin") {
+	if res.Outcome != contract.OutcomeFailed || res.Reason != contract.ReasonOther || !strings.Contains(res.Message, "z-dangling.bin") {
 		t.Fatalf("got %s %s %q, want Other naming the dangling link", res.Outcome, res.Reason, res.Message)
 	}
 	if got := listFiles(t, hostFW); strings.Join(got, ",") != "a-good.bin" {
@@ -148,9 +150,9 @@ func TestModprobeCannotLeaveTheModuleDirectory(t *testing.T) {
 			ref, _ := reg.push(t, "kmod/escape:v1", image(t, tc.entries))
 			s, m, cfg := newSandbox(t), newRecorder(t), testConfig(ref)
 			cfg.Config.Modprobe.FirmwarePath = tc.firmware
-			res := newTestWorker(t, s, m).Run(context.Background(), ActionLoad, cfg)
+			res := newTestWorker(t, s, m).Run(context.Background(), contract.ActionLoad, cfg)
 			t.Logf("message: %s\nmodprobe output: %s", res.Message, m.stdout.String())
-			if res.Outcome != OutcomeFailed || res.Reason != ReasonOther || !strings.Contains(res.Message, "outside the module directory") ||
+			if res.Outcome != contract.OutcomeFailed || res.Reason != contract.ReasonOther || !strings.Contains(res.Message, "outside the module directory") ||
 				!strings.Contains(res.Message, tc.want) {
 				t.Errorf("got %s %s %q, want Other refusing %q outside the module directory", res.Outcome, res.Reason, res.Message, tc.want)
 			}

@@ -29,6 +29,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/contract"
 )
 
 // testKernel is the kernel version the test kmod images are built for.
@@ -368,8 +369,8 @@ func newTestWorker(t testing.TB, s sandbox, m Modprobe, mutate ...func(*Options)
 }
 
 // testConfig is a load config of kmm_test_a from image.
-func testConfig(image string) Config {
-	return Config{
+func testConfig(image string) contract.Config {
+	return contract.Config{
 		Namespace: "default",
 		Name:      "kmm-test",
 		Config: kmmv1beta1.ModuleConfig{

@@ -15,6 +15,8 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/kmm-project/kmm/contract"
 )
 
 // TestHostileOrBrokenImages pushes images with unsafe or broken content and checks that each
@@ -32,49 +34,49 @@ func TestHostileOrBrokenImages(t *testing.T) {
 		limits   Limits
 		kernel   string
 		firmware string
-		reason   Reason
+		reason   contract.Reason
 		want     []string
 	}{
 		{name: "path traversal", extra: []entry{file(kd+"/../../../../../../../"+strings.TrimPrefix(outside, "/"), "pwned")},
-			reason: ReasonOther, want: []string{`unsafe archive entry`, `".." path component`, kd + "/../"}},
+			reason: contract.ReasonOther, want: []string{`unsafe archive entry`, `".." path component`, kd + "/../"}},
 		{name: "absolute path", extra: []entry{file(outside, "pwned")},
-			reason: ReasonOther, want: []string{"unsafe archive entry", "absolute path", outside}},
+			reason: contract.ReasonOther, want: []string{"unsafe archive entry", "absolute path", outside}},
 		{name: "symlink pointing outside", extra: []entry{{Name: kd + "/escape", Type: tar.TypeSymlink, Linkname: "../../../../../" + strings.Repeat("../", 20) + strings.TrimPrefix(outside, "/")}, file(kd+"/escape/x", "pwned")},
-			reason: ReasonOther, want: []string{"unsafe archive entry", kd + "/escape", "points outside the extraction root"}},
+			reason: contract.ReasonOther, want: []string{"unsafe archive entry", kd + "/escape", "points outside the extraction root"}},
 		{name: "symlink escaping through another symlink", extra: []entry{{Name: kd + "/d", Type: tar.TypeSymlink, Linkname: "."}, {Name: kd + "/e", Type: tar.TypeSymlink, Linkname: "d/../../../../../x"}},
-			reason: ReasonOther, want: []string{"unsafe archive entry", kd + "/e", "does not resolve inside the extraction root"}},
+			reason: contract.ReasonOther, want: []string{"unsafe archive entry", kd + "/e", "does not resolve inside the extraction root"}},
 		{name: "hard link outside", extra: []entry{{Name: kd + "/h", Type: tar.TypeLink, Linkname: outside}},
-			reason: ReasonOther, want: []string{"unsafe archive entry", kd + "/h", "hard link", "outside the extraction root"}},
+			reason: contract.ReasonOther, want: []string{"unsafe archive entry", kd + "/h", "hard link", "outside the extraction root"}},
 		{name: "hard link to an unextracted file", extra: []entry{file("etc/shadow", "secret"), {Name: kd + "/h", Type: tar.TypeLink, Linkname: "etc/shadow"}},
-			reason: ReasonOther, want: []string{kd + "/h", "outside the extracted directories"}},
+			reason: contract.ReasonOther, want: []string{kd + "/h", "outside the extracted directories"}},
 		{name: "device file", extra: []entry{{Name: kd + "/sda", Type: tar.TypeBlock}},
-			reason: ReasonOther, want: []string{"unsafe archive entry", kd + "/sda", "device file"}},
+			reason: contract.ReasonOther, want: []string{"unsafe archive entry", kd + "/sda", "device file"}},
 		{name: "fifo", extra: []entry{{Name: kd + "/p", Type: tar.TypeFifo}},
-			reason: ReasonOther, want: []string{kd + "/p", "fifo"}},
+			reason: contract.ReasonOther, want: []string{kd + "/p", "fifo"}},
 		{name: "layer over the cap", extra: []entry{file(kd+"/big.ko", strings.Repeat("x", 200<<10))}, maxBytes: 100 << 10,
-			reason: ReasonOther, want: []string{kd + "/big.ko", "exceed the extraction size cap of 102400 bytes"}},
+			reason: contract.ReasonOther, want: []string{kd + "/big.ko", "exceed the extraction size cap of 102400 bytes"}},
 		{name: "too many layers", img: func(t *testing.T) v1.Image {
 			return image(t, kmodEntries(t, "opt"), []entry{file("a", "1")}, []entry{file("b", "2")}, []entry{file("c", "3")}, []entry{file("d", "4")})
 		}, limits: Limits{MaxLayers: 4},
-			reason: ReasonOther, want: []string{"the image has 5 layers", "over the worker limit maxLayers of 4"}},
+			reason: contract.ReasonOther, want: []string{"the image has 5 layers", "over the worker limit maxLayers of 4"}},
 		{name: "too many entries examined", extra: manyFiles("usr/share/doc/", 60), limits: Limits{MaxEntries: 50},
-			reason: ReasonOther, want: []string{"more than 50 archive entries", "maxEntries of 50"}},
+			reason: contract.ReasonOther, want: []string{"more than 50 archive entries", "maxEntries of 50"}},
 		{name: "too many entries extracted", extra: manyFiles(kd+"/extra/many/", 60), limits: Limits{MaxExtractEntries: 50},
-			reason: ReasonOther, want: []string{"more than 50 entries in the extracted directories", "maxExtractEntries of 50"}},
+			reason: contract.ReasonOther, want: []string{"more than 50 entries in the extracted directories", "maxExtractEntries of 50"}},
 		{name: "too many compressed bytes", limits: Limits{MaxImageBytes: 1000},
-			reason: ReasonOther, want: []string{"compressed bytes", "maxImageBytes of 1000"}},
+			reason: contract.ReasonOther, want: []string{"compressed bytes", "maxImageBytes of 1000"}},
 		{name: "too many uncompressed bytes in skipped entries", extra: []entry{file("usr/share/big", strings.Repeat("z", 2<<20))}, limits: Limits{MaxTarBytes: 1 << 20},
-			reason: ReasonOther, want: []string{"more than 1048576 uncompressed bytes", "maxTarBytes of 1048576"}},
+			reason: contract.ReasonOther, want: []string{"more than 1048576 uncompressed bytes", "maxTarBytes of 1048576"}},
 		{name: "manifest over the cap", img: func(t *testing.T) v1.Image {
 			return mutate.Annotations(image(t, kmodEntries(t, "opt")), map[string]string{"padding": strings.Repeat("p", 64<<10)}).(v1.Image)
 		}, limits: Limits{MaxManifestBytes: 32 << 10},
-			reason: ReasonOther, want: []string{"the manifest is", "maxManifestBytes of 32768"}},
+			reason: contract.ReasonOther, want: []string{"the manifest is", "maxManifestBytes of 32768"}},
 		{name: "missing kernel directory", kernel: "6.9.9-absent",
-			reason: ReasonNotFound, want: []string{"no directory /opt/lib/modules/6.9.9-absent", "kernel directories in the image: " + testKernel}},
+			reason: contract.ReasonNotFound, want: []string{"no directory /opt/lib/modules/6.9.9-absent", "kernel directories in the image: " + testKernel}},
 		{name: "missing firmware directory", firmware: "/firmware",
-			reason: ReasonNotFound, want: []string{"no firmware directory /firmware"}},
+			reason: contract.ReasonNotFound, want: []string{"no firmware directory /firmware"}},
 		{name: "layer that is not a tar archive", raw: bytes.Repeat([]byte("not a tar archive "), 100),
-			reason: ReasonOther, want: []string{"layer 1 is not a valid tar archive"}},
+			reason: contract.ReasonOther, want: []string{"layer 1 is not a valid tar archive"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -95,10 +97,10 @@ func TestHostileOrBrokenImages(t *testing.T) {
 			}
 			cfg.Config.Modprobe.FirmwarePath = tc.firmware
 			m := newRecorder(t)
-			res := newTestWorker(t, s, m, func(o *Options) { o.MaxExtractBytes, o.Limits = tc.maxBytes, tc.limits }).Run(context.Background(), ActionLoad, cfg)
+			res := newTestWorker(t, s, m, func(o *Options) { o.MaxExtractBytes, o.Limits = tc.maxBytes, tc.limits }).Run(context.Background(), contract.ActionLoad, cfg)
 
 			t.Logf("message: %s", res.Message)
-			if res.Outcome != OutcomeFailed || res.Reason != tc.reason {
+			if res.Outcome != contract.OutcomeFailed || res.Reason != tc.reason {
 				t.Fatalf("outcome %s reason %s, want Failed %s: %s", res.Outcome, res.Reason, tc.reason, res.Message)
 			}
 			for _, w := range tc.want {
@@ -151,7 +153,7 @@ func TestWhiteoutsHideLowerLayers(t *testing.T) {
 	s := newSandbox(t)
 	cfg := testConfig(ref)
 	cfg.Config.Modprobe.FirmwarePath = "/firmware"
-	mustSucceed(t, newTestWorker(t, s, newRecorder(t)).Run(context.Background(), ActionLoad, cfg))
+	mustSucceed(t, newTestWorker(t, s, newRecorder(t)).Run(context.Background(), contract.ActionLoad, cfg))
 	root := entryRoot(s, digest, cfg)
 	for f, want := range map[string]bool{kd + "/old.ko": false, kd + "/stale/a": false, kd + "/stale/b": true, "firmware/f1": false, "firmware/f2": true, kd + "/extra/kmm_test_a.ko": true} {
 		if _, err := os.Lstat(filepath.Join(root, f)); (err == nil) != want {
@@ -170,7 +172,7 @@ func TestAbsoluteSymlinksResolveInsideTheImage(t *testing.T) {
 	}))
 	s := newSandbox(t)
 	cfg := testConfig(ref)
-	mustSucceed(t, newTestWorker(t, s, newRecorder(t)).Run(context.Background(), ActionLoad, cfg))
+	mustSucceed(t, newTestWorker(t, s, newRecorder(t)).Run(context.Background(), contract.ActionLoad, cfg))
 	root := entryRoot(s, digest, cfg)
 	if target, _ := os.Readlink(filepath.Join(root, kd, "passwd")); target != "../../../../etc/passwd" {
 		t.Errorf("absolute symlink stored as %q, want it relative to the extraction root", target)
@@ -204,7 +206,7 @@ func TestAnUnfinishedExtractionIsNotTrusted(t *testing.T) {
 	if err := (cache{dir: s.cache}).recordRef(mustRef(t, ref), digest); err != nil {
 		t.Fatal(err)
 	}
-	res := newTestWorker(t, s, newRecorder(t)).Run(context.Background(), ActionLoad, cfg)
+	res := newTestWorker(t, s, newRecorder(t)).Run(context.Background(), contract.ActionLoad, cfg)
 	mustSucceed(t, res)
 	if res.FromCache || reg.blobGets.Load() == 0 {
 		t.Errorf("the image must be downloaded again (fromCache %v, %d blob downloads)", res.FromCache, reg.blobGets.Load())

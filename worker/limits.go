@@ -2,19 +2,17 @@ package worker
 
 import (
 	"fmt"
-	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+
+	"github.com/kmm-project/kmm/contract"
 )
 
 // The default limits of one worker run (docs/worker-limits.md lists them with what happens when
 // one is exceeded). A kmod image holds a few modules and maybe firmware: each default leaves a wide
-// margin over such an image and still bounds what a hostile image can make the worker do.
+// margin over such an image and still bounds what a hostile image can make the worker do. The
+// default deadline of a whole run, contract.DefaultTimeout, is part of the contract with the operator.
 const (
-	// DefaultTimeout bounds a whole run: pull, extraction, firmware and modprobe. The operator sets
-	// the worker pod's activeDeadlineSeconds from it plus a margin, so that the worker reports a
-	// timed-out Result itself before the kubelet kills the pod.
-	DefaultTimeout = 4 * time.Minute
 	// DefaultMaxExtractBytes caps the bytes of file content written into the cache for one image.
 	DefaultMaxExtractBytes int64 = 256 << 20
 	// DefaultMaxImageBytes caps the compressed bytes of an image's layers (as the manifest declares
@@ -73,7 +71,7 @@ func (l Limits) withDefaults() Limits {
 	return l
 }
 
-// limitError is a limit an image exceeded. It is classified ReasonOther: the same image fails
+// limitError is a limit an image exceeded. It is classified contract.ReasonOther: the same image fails
 // the same way until it changes.
 type limitError struct {
 	// What exceeded the limit, e.g. "the image has 5000 layers".
@@ -89,7 +87,7 @@ func (e *limitError) Error() string {
 
 // overLimit returns a classified limit error.
 func overLimit(limit string, value int64, format string, args ...any) error {
-	return &Error{Reason: ReasonOther, Err: &limitError{What: fmt.Sprintf(format, args...), Limit: limit, Value: value}}
+	return &Error{Reason: contract.ReasonOther, Err: &limitError{What: fmt.Sprintf(format, args...), Limit: limit, Value: value}}
 }
 
 // checkManifest checks what the manifest declares against the limits before any layer is read.
@@ -114,7 +112,7 @@ func checkManifest(m *v1.Manifest, l Limits) error {
 func checkImage(img v1.Image, l Limits) error {
 	m, err := img.Manifest()
 	if err != nil {
-		return &Error{Reason: ReasonImagePull, Err: fmt.Errorf("reading the image manifest: %w", err)}
+		return &Error{Reason: contract.ReasonImagePull, Err: fmt.Errorf("reading the image manifest: %w", err)}
 	}
 	return checkManifest(m, l)
 }

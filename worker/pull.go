@@ -22,6 +22,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/contract"
 )
 
 // dockerConfig is the content of a pull secret: a .dockerconfigjson ({"auths": {...}}) or a legacy
@@ -100,7 +101,7 @@ func newRegistryClient(ctx context.Context, mc kmmv1beta1.ModuleConfig, kc authn
 	}
 	ref, err := name.ParseReference(mc.ContainerImage, nameOpts...)
 	if err != nil {
-		return nil, &Error{Reason: ReasonImagePull, Err: fmt.Errorf("invalid image reference %q: %w", mc.ContainerImage, err)}
+		return nil, &Error{Reason: contract.ReasonImagePull, Err: fmt.Errorf("invalid image reference %q: %w", mc.ContainerImage, err)}
 	}
 	return &registryClient{ref: ref, opts: []remote.Option{
 		remote.WithContext(ctx),

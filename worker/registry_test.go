@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kmm-project/kmm/contract"
 )
 
 func TestImagePullFailures(t *testing.T) {
@@ -31,9 +33,9 @@ func TestImagePullFailures(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			s := newSandbox(t)
 			m := newRecorder(t)
-			res := newTestWorker(t, s, m).Run(context.Background(), ActionLoad, testConfig(tc.image))
+			res := newTestWorker(t, s, m).Run(context.Background(), contract.ActionLoad, testConfig(tc.image))
 			t.Logf("message: %s", res.Message)
-			if res.Reason != ReasonImagePull || !strings.Contains(res.Message, tc.want) {
+			if res.Reason != contract.ReasonImagePull || !strings.Contains(res.Message, tc.want) {
 				t.Errorf("got %s %q, want ImagePull saying %q", res.Reason, res.Message, tc.want)
 			}
 			if len(m.calls) != 0 || len(listFiles(t, s.cache)) != 0 {
@@ -73,7 +75,7 @@ func TestBasicAuthRegistry(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			res := newTestWorker(t, newSandbox(t), newRecorder(t), func(o *Options) { o.Keychain = kc }).Run(context.Background(), ActionLoad, testConfig(ref))
+			res := newTestWorker(t, newSandbox(t), newRecorder(t), func(o *Options) { o.Keychain = kc }).Run(context.Background(), contract.ActionLoad, testConfig(ref))
 			if tc.ok {
 				mustSucceed(t, res)
 				if res.ImageDigest != digest.String() {
@@ -82,7 +84,7 @@ func TestBasicAuthRegistry(t *testing.T) {
 				return
 			}
 			t.Logf("message: %s", res.Message)
-			if res.Reason != ReasonImagePull || !strings.Contains(res.Message, "authentication failed") {
+			if res.Reason != contract.ReasonImagePull || !strings.Contains(res.Message, "authentication failed") {
 				t.Errorf("got %s %q, want ImagePull with an authentication message", res.Reason, res.Message)
 			}
 		})
@@ -94,14 +96,14 @@ func TestTLSRegistry(t *testing.T) {
 	ref, _ := reg.push(t, "kmod/tls:v1", image(t, kmodEntries(t, "opt")))
 
 	cfg := testConfig(ref)
-	res := newTestWorker(t, newSandbox(t), newRecorder(t)).Run(context.Background(), ActionLoad, cfg)
+	res := newTestWorker(t, newSandbox(t), newRecorder(t)).Run(context.Background(), contract.ActionLoad, cfg)
 	t.Logf("message: %s", res.Message)
-	if res.Reason != ReasonImagePull || !strings.Contains(res.Message, "certificate") || !strings.Contains(res.Message, "insecureSkipTLSVerify") {
+	if res.Reason != contract.ReasonImagePull || !strings.Contains(res.Message, "certificate") || !strings.Contains(res.Message, "insecureSkipTLSVerify") {
 		t.Errorf("untrusted certificate: got %s %q, want ImagePull about the certificate", res.Reason, res.Message)
 	}
 
 	cfg.Config.RegistryTLS.InsecureSkipTLSVerify = true
-	mustSucceed(t, newTestWorker(t, newSandbox(t), newRecorder(t)).Run(context.Background(), ActionLoad, cfg))
+	mustSucceed(t, newTestWorker(t, newSandbox(t), newRecorder(t)).Run(context.Background(), contract.ActionLoad, cfg))
 }
 
 func TestInsecurePlainHTTPRegistry(t *testing.T) {
@@ -109,5 +111,5 @@ func TestInsecurePlainHTTPRegistry(t *testing.T) {
 	ref, _ := reg.push(t, "kmod/test:v1", image(t, kmodEntries(t, "opt")))
 	cfg := testConfig(ref)
 	cfg.Config.RegistryTLS.Insecure = true
-	mustSucceed(t, newTestWorker(t, newSandbox(t), newRecorder(t)).Run(context.Background(), ActionLoad, cfg))
+	mustSucceed(t, newTestWorker(t, newSandbox(t), newRecorder(t)).Run(context.Background(), contract.ActionLoad, cfg))
 }

@@ -19,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/contract"
 )
 
 // Options configure a Worker.
@@ -33,7 +34,7 @@ type Options struct {
 	MaxExtractBytes int64
 	// Limits bound the rest of the work on one image; zero fields mean their defaults.
 	Limits Limits
-	// Timeout bounds a whole Run (pull, extraction, firmware, modprobe); 0 means DefaultTimeout.
+	// Timeout bounds a whole Run (pull, extraction, firmware, modprobe); 0 means contract.DefaultTimeout.
 	Timeout time.Duration
 	// CacheBudget is the cache size that eviction restores after a new entry is filled; 0 means
 	// DefaultCacheBudget.
@@ -72,7 +73,7 @@ func New(opts Options) (*Worker, error) {
 		opts.Keychain = staticKeychain{}
 	}
 	if opts.Timeout <= 0 {
-		opts.Timeout = DefaultTimeout
+		opts.Timeout = contract.DefaultTimeout
 	}
 	if opts.MaxExtractBytes <= 0 {
 		opts.MaxExtractBytes = DefaultMaxExtractBytes
@@ -89,7 +90,7 @@ func New(opts Options) (*Worker, error) {
 
 // Run carries out action for cfg and reports what happened. It never panics on bad input: every
 // failure is a Failed Result with a Reason.
-func (w *Worker) Run(ctx context.Context, action Action, cfg Config) Result {
+func (w *Worker) Run(ctx context.Context, action contract.Action, cfg contract.Config) contract.Result {
 	ctx, cancel := context.WithTimeout(ctx, w.opts.Timeout)
 	defer cancel()
 	res := baseResult(action, cfg)
@@ -98,13 +99,13 @@ func (w *Worker) Run(ctx context.Context, action Action, cfg Config) Result {
 }
 
 // Failure is the Result of a run that could not start, e.g. because its config or pull secret
-// could not be read; cfg may be the zero Config. An unclassified err counts as ReasonOther.
-func Failure(action Action, cfg Config, err error) Result {
-	return finish(baseResult(action, cfg), classified(ReasonOther, err))
+// could not be read; cfg may be the zero Config. An unclassified err counts as contract.ReasonOther.
+func Failure(action contract.Action, cfg contract.Config, err error) contract.Result {
+	return finish(baseResult(action, cfg), classified(contract.ReasonOther, err))
 }
 
-func baseResult(action Action, cfg Config) Result {
-	return Result{
+func baseResult(action contract.Action, cfg contract.Config) contract.Result {
+	return contract.Result{
 		Action:       action,
 		Namespace:    cfg.Namespace,
 		Name:         cfg.Name,
@@ -115,29 +116,29 @@ func baseResult(action Action, cfg Config) Result {
 }
 
 // finish sets the outcome of res from err.
-func finish(res Result, err error) Result {
+func finish(res contract.Result, err error) contract.Result {
 	if err == nil {
-		res.Outcome = OutcomeSucceeded
+		res.Outcome = contract.OutcomeSucceeded
 		return res
 	}
-	res.Outcome = OutcomeFailed
+	res.Outcome = contract.OutcomeFailed
 	res.Reason = ReasonOf(err)
 	res.Message = err.Error()
 	res.Stderr = stderrOf(err)
 	return res
 }
 
-func (w *Worker) run(ctx context.Context, action Action, cfg Config, res *Result) error {
-	if action != ActionLoad && action != ActionUnload {
-		return errorf(ReasonOther, "unknown action %q: use load or unload", action)
+func (w *Worker) run(ctx context.Context, action contract.Action, cfg contract.Config, res *contract.Result) error {
+	if action != contract.ActionLoad && action != contract.ActionUnload {
+		return errorf(contract.ReasonOther, "unknown action %q: use load or unload", action)
 	}
 	if err := cfg.Validate(); err != nil {
-		return classified(ReasonInvalidConfig, err)
+		return classified(contract.ReasonInvalidConfig, err)
 	}
 	log := w.opts.Log.WithValues("module", cfg.ModuleID(), "kernel", cfg.Config.KernelVersion, "action", action)
 	bootID, err := w.opts.Host.BootID()
 	if err != nil {
-		return classified(ReasonOther, err)
+		return classified(contract.ReasonOther, err)
 	}
 	res.BootID = bootID
 	log.Info("Fetching the kmod image", "image", cfg.Config.ContainerImage, "pullPolicy", cfg.Config.ImagePullPolicy)
@@ -146,17 +147,17 @@ func (w *Worker) run(ctx context.Context, action Action, cfg Config, res *Result
 		defer img.release()
 	}
 	if err != nil {
-		return deadlineError(err, ctx.Err(), w.opts.Timeout, ReasonImagePull, "pulling and extracting the image")
+		return deadlineError(err, ctx.Err(), w.opts.Timeout, contract.ReasonImagePull, "pulling and extracting the image")
 	}
 	res.ImageDigest, res.FromCache = img.digest.String(), img.fromCache
 	log = log.WithValues("digest", res.ImageDigest)
 	log.Info("Image ready", "fromCache", img.fromCache, "root", img.root)
-	if action == ActionLoad {
+	if action == contract.ActionLoad {
 		err = w.load(ctx, log, cfg, img.root)
 	} else {
 		err = w.unload(ctx, log, cfg, img.root)
 	}
-	return deadlineError(err, ctx.Err(), w.opts.Timeout, ReasonOther, string(action)+"ing the module")
+	return deadlineError(err, ctx.Err(), w.opts.Timeout, contract.ReasonOther, string(action)+"ing the module")
 }
 
 // fetched is an image in the cache.
@@ -193,7 +194,7 @@ func (w *Worker) fetch(ctx context.Context, namespace string, mc kmmv1beta1.Modu
 		release()
 	}
 	if mc.ImagePullPolicy == corev1.PullNever {
-		return fetched{}, &Error{Reason: ReasonImagePull, Err: fmt.Errorf("%s: %w", mc.ContainerImage, errNotCached)}
+		return fetched{}, &Error{Reason: contract.ReasonImagePull, Err: fmt.Errorf("%s: %w", mc.ContainerImage, errNotCached)}
 	}
 	d, img, err := reg.get()
 	if err != nil {
@@ -213,7 +214,7 @@ func (w *Worker) fetch(ctx context.Context, namespace string, mc kmmv1beta1.Modu
 			Limits:      w.opts.Limits,
 		}
 		if err := c.fill(ctx, d, key, img, spec); err != nil {
-			return fetched{release: release}, classified(ReasonOther, fmt.Errorf("extracting %s: %w", mc.ContainerImage, err))
+			return fetched{release: release}, classified(contract.ReasonOther, fmt.Errorf("extracting %s: %w", mc.ContainerImage, err))
 		}
 		w.evict(c)
 	}
@@ -230,7 +231,7 @@ func (w *Worker) cachedFor(reg *registryClient, c cache, d v1.Hash, key, id stri
 	out := fetched{digest: d, root: c.entry(d, key), fromCache: true}
 	if policy != corev1.PullAlways && !c.hasAccess(d, id) {
 		if policy == corev1.PullNever {
-			return fetched{}, &Error{Reason: ReasonImagePull, Err: fmt.Errorf("%s: %w", reg.ref, errNotProven)}
+			return fetched{}, &Error{Reason: contract.ReasonImagePull, Err: fmt.Errorf("%s: %w", reg.ref, errNotProven)}
 		}
 		if err := reg.headDigest(d); err != nil {
 			return fetched{}, err
@@ -303,16 +304,16 @@ func newFilter(mc kmmv1beta1.ModuleConfig) filter {
 
 // load checks what modprobe would insmod, removes in-tree modules, installs firmware and loads
 // the module: a refused module index changes nothing on the node.
-func (w *Worker) load(ctx context.Context, log logr.Logger, cfg Config, root string) error {
+func (w *Worker) load(ctx context.Context, log logr.Logger, cfg contract.Config, root string) error {
 	mc := cfg.Config
 	softdep, cleanup, err := w.writeSoftdep(mc.Modprobe.ModulesLoadingOrder)
 	if err != nil {
-		return classified(ReasonOther, err)
+		return classified(contract.ReasonOther, err)
 	}
 	defer cleanup()
 	args, err := LoadArgs(mc, ArgvOptions{Root: filepath.Join(root, modulesRoot(mc)), SoftdepFile: softdep, DryRun: w.opts.DryRun})
 	if err != nil {
-		return classified(ReasonOther, err)
+		return classified(contract.ReasonOther, err)
 	}
 	if err := w.checkDepends(ctx, log, args, filepath.Join(root, kernelDir(mc))); err != nil {
 		return err
@@ -329,11 +330,11 @@ func (w *Worker) load(ctx context.Context, log logr.Logger, cfg Config, root str
 	return w.modprobe(ctx, log, args)
 }
 
-func (w *Worker) unload(ctx context.Context, log logr.Logger, cfg Config, root string) error {
+func (w *Worker) unload(ctx context.Context, log logr.Logger, cfg contract.Config, root string) error {
 	mc := cfg.Config
 	args, err := UnloadArgs(mc, ArgvOptions{Root: filepath.Join(root, modulesRoot(mc)), DryRun: w.opts.DryRun})
 	if err != nil {
-		return classified(ReasonOther, err)
+		return classified(contract.ReasonOther, err)
 	}
 	log.Info("Unloading the module", "args", args)
 	if err := w.modprobe(ctx, log, args); err != nil {
@@ -344,8 +345,8 @@ func (w *Worker) unload(ctx context.Context, log logr.Logger, cfg Config, root s
 		return nil
 	}
 	return withFS(root, fw, func(src fs.FS) error {
-		log.Info("Removing firmware", "dir", cfg.firmwareHostPath())
-		return classified(ReasonOther, w.opts.Host.RemoveFirmware(src, cfg.firmwareHostPath()))
+		log.Info("Removing firmware", "dir", firmwareHostPath(cfg))
+		return classified(contract.ReasonOther, w.opts.Host.RemoveFirmware(src, firmwareHostPath(cfg)))
 	})
 }
 
@@ -371,15 +372,15 @@ func (w *Worker) checkDepends(ctx context.Context, log logr.Logger, loadArgs []s
 func checkInside(dir string, paths []string) error {
 	realDir, err := filepath.EvalSymlinks(dir)
 	if err != nil {
-		return classified(ReasonOther, fmt.Errorf("resolving the module directory: %w", err))
+		return classified(contract.ReasonOther, fmt.Errorf("resolving the module directory: %w", err))
 	}
 	for _, p := range paths {
 		real, err := filepath.EvalSymlinks(p)
 		if err != nil {
-			return errorf(ReasonOther, "refusing to load %s: it does not resolve inside the module directory of the image: %v", p, err)
+			return errorf(contract.ReasonOther, "refusing to load %s: it does not resolve inside the module directory of the image: %v", p, err)
 		}
 		if !isInside(realDir, real) {
-			return errorf(ReasonOther, "refusing to load %s: it resolves to %s, outside the module directory of the image", p, real)
+			return errorf(contract.ReasonOther, "refusing to load %s: it resolves to %s, outside the module directory of the image", p, real)
 		}
 	}
 	return nil
@@ -407,22 +408,22 @@ func (w *Worker) removeInTree(ctx context.Context, log logr.Logger, module, kern
 }
 
 // installFirmware copies the image's firmware to the host and sets the kernel's lookup path.
-func (w *Worker) installFirmware(log logr.Logger, cfg Config, root string) error {
+func (w *Worker) installFirmware(log logr.Logger, cfg contract.Config, root string) error {
 	fw := firmwareDir(cfg.Config)
 	if fw == "" {
 		return nil
 	}
-	dest := cfg.firmwareHostPath()
+	dest := firmwareHostPath(cfg)
 	return withFS(root, fw, func(src fs.FS) error {
 		log.Info("Installing firmware", "from", "/"+fw, "to", dest)
 		if err := w.opts.Host.InstallFirmware(src, dest); err != nil {
-			return classified(ReasonOther, err)
+			return classified(contract.ReasonOther, err)
 		}
 		if !cfg.SetFirmwareClassPath {
 			return nil
 		}
 		log.Info("Setting the firmware lookup path", "path", dest)
-		return classified(ReasonOther, w.opts.Host.SetFirmwareClassPath(dest))
+		return classified(contract.ReasonOther, w.opts.Host.SetFirmwareClassPath(dest))
 	})
 }
 
@@ -431,12 +432,12 @@ func (w *Worker) installFirmware(log logr.Logger, cfg Config, root string) error
 func withFS(root, dir string, fn func(fs.FS) error) error {
 	r, err := os.OpenRoot(root)
 	if err != nil {
-		return classified(ReasonOther, err)
+		return classified(contract.ReasonOther, err)
 	}
 	defer r.Close() //nolint:errcheck // read-only handle
 	sub, err := fs.Sub(r.FS(), dir)
 	if err != nil {
-		return classified(ReasonOther, err)
+		return classified(contract.ReasonOther, err)
 	}
 	return fn(sub)
 }
@@ -484,7 +485,7 @@ func modprobeError(what string, args []string, stderr []byte, err error) error {
 // deadlineError reclassifies the failure of a run whose deadline passed (ctxErr is the run
 // context's error): the message says it timed out and during what, and the reason is the one of
 // that step (ImagePull while pulling and extracting, Other while loading or unloading).
-func deadlineError(err, ctxErr error, timeout time.Duration, reason Reason, during string) error {
+func deadlineError(err, ctxErr error, timeout time.Duration, reason contract.Reason, during string) error {
 	if err == nil || !errors.Is(ctxErr, context.DeadlineExceeded) {
 		return err
 	}

@@ -10,16 +10,18 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/kmm-project/kmm/contract"
 )
 
 // entryRoot is where the cache keeps the extraction of digest d for cfg.
-func entryRoot(s sandbox, d v1.Hash, cfg Config) string {
+func entryRoot(s sandbox, d v1.Hash, cfg contract.Config) string {
 	return cache{dir: s.cache}.entry(d, extractKey(cfg.Config))
 }
 
-func mustSucceed(t *testing.T, res Result) {
+func mustSucceed(t *testing.T, res contract.Result) {
 	t.Helper()
-	if res.Outcome != OutcomeSucceeded {
+	if res.Outcome != contract.OutcomeSucceeded {
 		t.Fatalf("outcome %s, reason %s: %s\nstderr: %s", res.Outcome, res.Reason, res.Message, res.Stderr)
 	}
 }
@@ -34,11 +36,11 @@ func TestLoadPullsExtractsAndResolvesTheDependency(t *testing.T) {
 	m := newRecorder(t)
 	cfg := testConfig(ref)
 
-	res := newTestWorker(t, s, m).Run(context.Background(), ActionLoad, cfg)
+	res := newTestWorker(t, s, m).Run(context.Background(), contract.ActionLoad, cfg)
 	mustSucceed(t, res)
 
-	want := Result{Action: ActionLoad, Namespace: "default", Name: "kmm-test", KernelModule: "kmm_test_a", Kernel: testKernel,
-		BootID: testBootID, ImageDigest: digest.String(), Outcome: OutcomeSucceeded}
+	want := contract.Result{Action: contract.ActionLoad, Namespace: "default", Name: "kmm-test", KernelModule: "kmm_test_a", Kernel: testKernel,
+		BootID: testBootID, ImageDigest: digest.String(), Outcome: contract.OutcomeSucceeded}
 	if res != want {
 		t.Errorf("result\n got %+v\nwant %+v", res, want)
 	}
@@ -73,10 +75,10 @@ func TestSecondLoadOfTheSameDigestMakesNoRegistryRequest(t *testing.T) {
 
 	for _, ref := range []string{ref, reg.host + "/kmod/test@" + digest.String()} {
 		cfg := testConfig(ref)
-		first := w.Run(context.Background(), ActionLoad, cfg)
+		first := w.Run(context.Background(), contract.ActionLoad, cfg)
 		mustSucceed(t, first)
 		reg.requests.Store(0)
-		second := w.Run(context.Background(), ActionLoad, cfg)
+		second := w.Run(context.Background(), contract.ActionLoad, cfg)
 		mustSucceed(t, second)
 		if n := reg.requests.Load(); n != 0 {
 			t.Errorf("%s: second load made %d registry requests, want 0", ref, n)
@@ -94,10 +96,10 @@ func TestPullPolicyAlwaysAsksForTheDigestButReusesTheContent(t *testing.T) {
 	w := newTestWorker(t, s, newRecorder(t))
 	cfg := testConfig(ref)
 	cfg.Config.ImagePullPolicy = corev1.PullAlways
-	mustSucceed(t, w.Run(context.Background(), ActionLoad, cfg))
+	mustSucceed(t, w.Run(context.Background(), contract.ActionLoad, cfg))
 	reg.requests.Store(0)
 	reg.blobGets.Store(0)
-	res := w.Run(context.Background(), ActionLoad, cfg)
+	res := w.Run(context.Background(), contract.ActionLoad, cfg)
 	mustSucceed(t, res)
 	if reg.requests.Load() == 0 || reg.blobGets.Load() != 0 || !res.FromCache {
 		t.Errorf("Always: %d requests and %d blob downloads (want some requests, no blob), fromCache %v", reg.requests.Load(), reg.blobGets.Load(), res.FromCache)
@@ -108,12 +110,12 @@ func TestPullPolicyAlwaysAsksForTheDigestButReusesTheContent(t *testing.T) {
 	if ref2 != ref || digest2 == digest {
 		t.Fatal("test setup: the second push should move the tag")
 	}
-	if res := w.Run(context.Background(), ActionLoad, cfg); res.ImageDigest != digest2.String() || res.FromCache {
+	if res := w.Run(context.Background(), contract.ActionLoad, cfg); res.ImageDigest != digest2.String() || res.FromCache {
 		t.Errorf("Always after a tag move: digest %s fromCache %v, want %s downloaded", res.ImageDigest, res.FromCache, digest2)
 	}
 	cfg.Config.ImagePullPolicy = corev1.PullIfNotPresent
 	reg.requests.Store(0)
-	res = w.Run(context.Background(), ActionLoad, cfg)
+	res = w.Run(context.Background(), contract.ActionLoad, cfg)
 	if res.ImageDigest != digest2.String() || reg.requests.Load() != 0 {
 		t.Errorf("IfNotPresent uses the last recorded digest without asking: got %s with %d requests", res.ImageDigest, reg.requests.Load())
 	}
@@ -126,15 +128,15 @@ func TestPullPolicyNever(t *testing.T) {
 	w := newTestWorker(t, s, newRecorder(t))
 	cfg := testConfig(ref)
 	cfg.Config.ImagePullPolicy = corev1.PullNever
-	res := w.Run(context.Background(), ActionLoad, cfg)
-	if res.Reason != ReasonImagePull || !strings.Contains(res.Message, "imagePullPolicy is Never") || reg.requests.Load() != 0 {
+	res := w.Run(context.Background(), contract.ActionLoad, cfg)
+	if res.Reason != contract.ReasonImagePull || !strings.Contains(res.Message, "imagePullPolicy is Never") || reg.requests.Load() != 0 {
 		t.Errorf("Never with an empty cache: %s %q after %d requests", res.Reason, res.Message, reg.requests.Load())
 	}
 	cfg.Config.ImagePullPolicy = ""
-	mustSucceed(t, w.Run(context.Background(), ActionLoad, cfg))
+	mustSucceed(t, w.Run(context.Background(), contract.ActionLoad, cfg))
 	cfg.Config.ImagePullPolicy = corev1.PullNever
 	reg.requests.Store(0)
-	mustSucceed(t, w.Run(context.Background(), ActionLoad, cfg))
+	mustSucceed(t, w.Run(context.Background(), contract.ActionLoad, cfg))
 	if reg.requests.Load() != 0 {
 		t.Errorf("Never made %d requests", reg.requests.Load())
 	}
@@ -148,7 +150,7 @@ func TestLoadWithModulesLoadingOrderWritesSoftdeps(t *testing.T) {
 	cfg := testConfig(ref)
 	cfg.Config.Modprobe.ModuleName = "kmm_test_c"
 	cfg.Config.Modprobe.ModulesLoadingOrder = []string{"kmm_test_c", "kmm_test_b"}
-	mustSucceed(t, newTestWorker(t, s, m).Run(context.Background(), ActionLoad, cfg))
+	mustSucceed(t, newTestWorker(t, s, m).Run(context.Background(), contract.ActionLoad, cfg))
 
 	if m.softdep != "softdep kmm_test_c pre: kmm_test_b\n" {
 		t.Errorf("softdep config %q", m.softdep)
@@ -176,9 +178,9 @@ func TestUnload(t *testing.T) {
 	w := newTestWorker(t, s, m)
 	cfg := testConfig(ref)
 	cfg.Config.Modprobe.ModulesLoadingOrder = []string{"kmm_test_a", "kmm_test_b"}
-	res := w.Run(context.Background(), ActionUnload, cfg)
+	res := w.Run(context.Background(), contract.ActionUnload, cfg)
 	mustSucceed(t, res)
-	if res.Action != ActionUnload || res.ImageDigest != digest.String() {
+	if res.Action != contract.ActionUnload || res.ImageDigest != digest.String() {
 		t.Errorf("result %+v", res)
 	}
 	root := filepath.Join(entryRoot(s, digest, cfg), "opt")
@@ -194,8 +196,8 @@ func TestModprobeFailuresAreClassified(t *testing.T) {
 	s := newSandbox(t)
 	cfg := testConfig(ref)
 	cfg.Config.Modprobe.ModuleName = "kmm_test_missing"
-	res := newTestWorker(t, s, newRecorder(t)).Run(context.Background(), ActionLoad, cfg)
-	if res.Reason != ReasonNotFound || !strings.Contains(res.Stderr, "Module kmm_test_missing not found in directory") ||
+	res := newTestWorker(t, s, newRecorder(t)).Run(context.Background(), contract.ActionLoad, cfg)
+	if res.Reason != contract.ReasonNotFound || !strings.Contains(res.Stderr, "Module kmm_test_missing not found in directory") ||
 		!strings.Contains(res.Message, "not found in directory") {
 		t.Errorf("missing module: %s %q stderr %q", res.Reason, res.Message, res.Stderr)
 	}
@@ -204,8 +206,8 @@ func TestModprobeFailuresAreClassified(t *testing.T) {
 		return nil, []byte("modprobe: FATAL: Module kmm_test_a is in use.\n"), &exitError{}
 	})
 	cfg.Config.Modprobe.ModuleName = "kmm_test_a"
-	res = newTestWorker(t, s, busy).Run(context.Background(), ActionUnload, cfg)
-	if res.Reason != ReasonBusy || res.Outcome != OutcomeFailed || !strings.HasSuffix(res.Message, "is in use.") {
+	res = newTestWorker(t, s, busy).Run(context.Background(), contract.ActionUnload, cfg)
+	if res.Reason != contract.ReasonBusy || res.Outcome != contract.OutcomeFailed || !strings.HasSuffix(res.Message, "is in use.") {
 		t.Errorf("busy unload: %+v", res)
 	}
 }
@@ -222,7 +224,7 @@ func TestInTreeModulesAreRemovedFirst(t *testing.T) {
 	cfg := testConfig(ref)
 	cfg.Config.InTreeModulesToRemove = []string{"kmm_intree_x", "kmm_intree_y"}
 	// The real modprobe says the in-tree modules are not found (not loaded): that is not an error.
-	mustSucceed(t, newTestWorker(t, s, m).Run(context.Background(), ActionLoad, cfg))
+	mustSucceed(t, newTestWorker(t, s, m).Run(context.Background(), contract.ActionLoad, cfg))
 	if len(m.calls) != 4 || !slices.Contains(m.calls[0], "--show-depends") || !slices.Equal(m.calls[1], []string{"-n", "-S", testKernel, "-r", "-v", "kmm_intree_x"}) ||
 		!slices.Equal(m.calls[2], []string{"-n", "-S", testKernel, "-r", "-v", "kmm_intree_y"}) || m.calls[3][len(m.calls[3])-1] != "kmm_test_a" {
 		t.Errorf("calls %q: want the dependency check, both in-tree removals, then the load", m.calls)
@@ -236,8 +238,8 @@ func TestInTreeModulesAreRemovedFirst(t *testing.T) {
 		calls++
 		return nil, []byte("modprobe: FATAL: Module kmm_intree_x is in use.\n"), &exitError{}
 	})
-	res := newTestWorker(t, s, busy).Run(context.Background(), ActionLoad, cfg)
-	if res.Reason != ReasonBusy || !strings.Contains(res.Message, "removing in-tree module kmm_intree_x") || calls != 1 {
+	res := newTestWorker(t, s, busy).Run(context.Background(), contract.ActionLoad, cfg)
+	if res.Reason != contract.ReasonBusy || !strings.Contains(res.Message, "removing in-tree module kmm_intree_x") || calls != 1 {
 		t.Errorf("in-tree module in use: %s %q after %d calls (the load must not run)", res.Reason, res.Message, calls)
 	}
 }
@@ -251,7 +253,7 @@ func TestFirmwareIsInstalledAndTheLookupPathSet(t *testing.T) {
 	cfg.Config.Modprobe.FirmwarePath = "/firmware"
 	cfg.SetFirmwareClassPath = true
 	w := newTestWorker(t, s, newRecorder(t))
-	mustSucceed(t, w.Run(context.Background(), ActionLoad, cfg))
+	mustSucceed(t, w.Run(context.Background(), contract.ActionLoad, cfg))
 
 	for _, f := range []string{"var/lib/firmware/vendor/dev.bin", "var/lib/firmware/alias.bin"} {
 		if data, err := os.ReadFile(filepath.Join(s.root, f)); err != nil || string(data) != "FIRMWARE" {
@@ -262,7 +264,7 @@ func TestFirmwareIsInstalledAndTheLookupPathSet(t *testing.T) {
 		t.Errorf("firmware lookup path %q, %v", data, err)
 	}
 
-	mustSucceed(t, w.Run(context.Background(), ActionUnload, cfg))
+	mustSucceed(t, w.Run(context.Background(), contract.ActionUnload, cfg))
 	if _, err := os.Stat(filepath.Join(s.root, "var/lib/firmware/vendor/dev.bin")); !os.IsNotExist(err) {
 		t.Errorf("unload should remove the firmware it installed: %v", err)
 	}
@@ -271,7 +273,7 @@ func TestFirmwareIsInstalledAndTheLookupPathSet(t *testing.T) {
 	s2 := newSandbox(t)
 	cfg.SetFirmwareClassPath = false
 	cfg.FirmwareHostPath = "/lib/firmware/updates"
-	mustSucceed(t, newTestWorker(t, s2, newRecorder(t)).Run(context.Background(), ActionLoad, cfg))
+	mustSucceed(t, newTestWorker(t, s2, newRecorder(t)).Run(context.Background(), contract.ActionLoad, cfg))
 	if _, err := os.Stat(filepath.Join(s2.root, "lib/firmware/updates/vendor/dev.bin")); err != nil {
 		t.Errorf("firmware not installed in the configured host path: %v", err)
 	}
@@ -309,8 +311,8 @@ func TestMissingBootIDFails(t *testing.T) {
 	if err := os.Remove(filepath.Join(s.root, bootIDPath)); err != nil {
 		t.Fatal(err)
 	}
-	res := newTestWorker(t, s, newRecorder(t)).Run(context.Background(), ActionLoad, testConfig("127.0.0.1:1/x:y"))
-	if res.Reason != ReasonOther || !strings.Contains(res.Message, "reading the boot ID") {
+	res := newTestWorker(t, s, newRecorder(t)).Run(context.Background(), contract.ActionLoad, testConfig("127.0.0.1:1/x:y"))
+	if res.Reason != contract.ReasonOther || !strings.Contains(res.Message, "reading the boot ID") {
 		t.Errorf("result %+v", res)
 	}
 }
@@ -318,12 +320,12 @@ func TestMissingBootIDFails(t *testing.T) {
 func TestRunRejectsBadInput(t *testing.T) {
 	s := newSandbox(t)
 	w := newTestWorker(t, s, newRecorder(t))
-	if res := w.Run(context.Background(), Action("reload"), testConfig("r/i:t")); res.Reason != ReasonOther || !strings.Contains(res.Message, `unknown action "reload"`) {
+	if res := w.Run(context.Background(), contract.Action("reload"), testConfig("r/i:t")); res.Reason != contract.ReasonOther || !strings.Contains(res.Message, `unknown action "reload"`) {
 		t.Errorf("unknown action: %+v", res)
 	}
 	cfg := testConfig("r/i:t")
 	cfg.Config.KernelVersion = ""
-	if res := w.Run(context.Background(), ActionLoad, cfg); res.Reason != ReasonInvalidConfig || !strings.Contains(res.Message, "kernelVersion is required") {
+	if res := w.Run(context.Background(), contract.ActionLoad, cfg); res.Reason != contract.ReasonInvalidConfig || !strings.Contains(res.Message, "kernelVersion is required") {
 		t.Errorf("invalid config: %+v", res)
 	}
 	for _, o := range []Options{{Modprobe: w.opts.Modprobe, Host: w.opts.Host}, {CacheDir: "c", Host: w.opts.Host}, {CacheDir: "c", Modprobe: w.opts.Modprobe}} {
@@ -347,8 +349,8 @@ func TestFirmwareInstallFailureIsReported(t *testing.T) {
 	cfg := testConfig(ref)
 	cfg.Config.Modprobe.FirmwarePath = "/firmware"
 	m := newRecorder(t)
-	res := newTestWorker(t, s, m).Run(context.Background(), ActionLoad, cfg)
-	if res.Reason != ReasonOther || !strings.Contains(res.Message, "var/lib/firmware") || len(m.loads()) != 0 {
+	res := newTestWorker(t, s, m).Run(context.Background(), contract.ActionLoad, cfg)
+	if res.Reason != contract.ReasonOther || !strings.Contains(res.Message, "var/lib/firmware") || len(m.loads()) != 0 {
 		t.Errorf("got %s %q after modprobe calls %q", res.Reason, res.Message, m.loads())
 	}
 }

@@ -7,7 +7,7 @@
 //	       [--max-tar-bytes <n>] [--cache-budget-bytes <n>] [--cache-max-age <duration>]
 //	       [--log-level <level>] [--log-console]
 //
-// --timeout (default 4m, worker.DefaultTimeout) bounds the whole run: pull, extraction, firmware
+// --timeout (default 4m, contract.DefaultTimeout) bounds the whole run: pull, extraction, firmware
 // and modprobe. A run that reaches it still writes a Result: ImagePull ("timed out after …") when
 // it was pulling or extracting, Other when it was loading or unloading. The operator gives the pod
 // an activeDeadlineSeconds above it. docs/worker-limits.md lists every limit.
@@ -31,6 +31,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/internal/logging"
 	"github.com/kmm-project/kmm/worker"
 )
@@ -52,7 +53,7 @@ func main() {
 
 // flags are the command-line settings.
 type flags struct {
-	action         worker.Action
+	action         contract.Action
 	config         string
 	pullSecret     string
 	cacheDir       string
@@ -90,7 +91,7 @@ func parseFlags(args []string, errOut io.Writer) (flags, error) {
 	fs.Int64Var(&f.maxTarBytes, "max-tar-bytes", worker.DefaultMaxTarBytes, "Cap on the uncompressed archive bytes read from the image's layers, skipped entries included.")
 	fs.Int64Var(&f.cacheBudget, "cache-budget-bytes", worker.DefaultCacheBudget, "Size the cache is brought back under (least recently used first) after a new entry is filled.")
 	fs.DurationVar(&f.cacheMaxAge, "cache-max-age", worker.DefaultCacheMaxAge, "Cache entries no tag record names are removed after this long unused.")
-	fs.DurationVar(&f.timeout, "timeout", worker.DefaultTimeout, "Deadline of the whole run (pull, extraction, firmware, modprobe); a run that reaches it reports a timed-out result.")
+	fs.DurationVar(&f.timeout, "timeout", contract.DefaultTimeout, "Deadline of the whole run (pull, extraction, firmware, modprobe); a run that reaches it reports a timed-out result.")
 	fs.BoolVar(&f.dryRun, "dry-run", false, "Run modprobe -n -S <kernel> and treat --host-root as a sandbox directory (which must not be /).")
 	fs.StringVar(&f.logLevel, "log-level", "info", "Log level: debug, info, warn or error.")
 	fs.BoolVar(&f.logConsole, "log-console", false, "Log human-readable text instead of JSON.")
@@ -107,13 +108,13 @@ func parseFlags(args []string, errOut io.Writer) (flags, error) {
 	} else if fs.NArg() > 0 {
 		return f, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	f.action = worker.Action(action)
+	f.action = contract.Action(action)
 	return f, f.check()
 }
 
 func (f flags) check() error {
 	switch {
-	case f.action != worker.ActionLoad && f.action != worker.ActionUnload:
+	case f.action != contract.ActionLoad && f.action != contract.ActionUnload:
 		return fmt.Errorf("the action must be load or unload, got %q", f.action)
 	case f.config == "":
 		return errors.New("--config is required")
@@ -149,21 +150,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitResultWrite
 	}
 	_, _ = fmt.Fprintln(stdout, string(data))
-	if res.Outcome != worker.OutcomeSucceeded {
+	if res.Outcome != contract.OutcomeSucceeded {
 		return exitFailed
 	}
 	return exitSucceeded
 }
 
 // execute reads the config and pull secret, builds the worker and runs the action.
-func execute(ctx context.Context, f flags, log logr.Logger) worker.Result {
-	cfg, err := worker.ReadConfig(f.config)
+func execute(ctx context.Context, f flags, log logr.Logger) contract.Result {
+	cfg, err := contract.ReadConfig(f.config)
 	if err != nil {
-		return worker.Failure(f.action, worker.Config{}, &worker.Error{Reason: worker.ReasonInvalidConfig, Err: err})
+		return worker.Failure(f.action, contract.Config{}, &worker.Error{Reason: contract.ReasonInvalidConfig, Err: err})
 	}
 	kc, err := worker.ReadKeychain(f.pullSecret)
 	if err != nil {
-		return worker.Failure(f.action, cfg, &worker.Error{Reason: worker.ReasonImagePull, Err: err})
+		return worker.Failure(f.action, cfg, &worker.Error{Reason: contract.ReasonImagePull, Err: err})
 	}
 	host := worker.NewNodeHost(f.hostRoot)
 	if f.dryRun {

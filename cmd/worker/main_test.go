@@ -27,7 +27,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
-	"github.com/kmm-project/kmm/worker"
+	"github.com/kmm-project/kmm/contract"
 )
 
 const kernel = "6.1.0-kmmcmd"
@@ -159,13 +159,13 @@ func (e env) args(action string, extra ...string) []string {
 		"--termination-log", e.termLog, "--dry-run", "--log-console"}, extra...)
 }
 
-func (e env) result(t testing.TB) worker.Result {
+func (e env) result(t testing.TB) contract.Result {
 	t.Helper()
 	data, err := os.ReadFile(e.termLog)
 	if err != nil {
 		t.Fatalf("no termination message: %v", err)
 	}
-	res, err := worker.ParseResult(data)
+	res, err := contract.ParseResult(data)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,7 +183,7 @@ func TestLoadAndUnloadEndToEnd(t *testing.T) {
 		var stdout, stderr bytes.Buffer
 		code := run(context.Background(), e.args(action, "--pull-secret", e.secret), &stdout, &stderr)
 		res := e.result(t)
-		if code != exitSucceeded || res.Outcome != worker.OutcomeSucceeded || res.Action != worker.Action(action) ||
+		if code != exitSucceeded || res.Outcome != contract.OutcomeSucceeded || res.Action != contract.Action(action) ||
 			res.BootID != "boot-1" || !strings.HasPrefix(res.ImageDigest, "sha256:") || res.KernelModule != "kmm_cmd" {
 			t.Fatalf("%s: exit %d, result %+v\nlog: %s", action, code, res, stderr.String())
 		}
@@ -211,14 +211,14 @@ func TestFailuresWriteAClassifiedResult(t *testing.T) {
 	cases := map[string]struct {
 		config string
 		extra  []string
-		reason worker.Reason
+		reason contract.Reason
 		want   string
 	}{
-		"malformed config":    {`{"namespace": "ns", "config": `, nil, worker.ReasonInvalidConfig, "malformed config"},
-		"kernel with a slash": {strings.Replace(good, kernel, "6.1/../x", 1), nil, worker.ReasonInvalidConfig, "not a kernel version"},
-		"firmwarePath /":      {strings.Replace(good, `"moduleName":"kmm_cmd"`, `"moduleName":"kmm_cmd","firmwarePath":"/"`, 1), nil, worker.ReasonInvalidConfig, "firmwarePath"},
-		"no credentials":      {good, nil, worker.ReasonImagePull, "authentication failed"},
-		"missing pull secret": {good, []string{"--pull-secret", "/nonexistent/secret"}, worker.ReasonImagePull, "reading the pull secret"},
+		"malformed config":    {`{"namespace": "ns", "config": `, nil, contract.ReasonInvalidConfig, "malformed config"},
+		"kernel with a slash": {strings.Replace(good, kernel, "6.1/../x", 1), nil, contract.ReasonInvalidConfig, "not a kernel version"},
+		"firmwarePath /":      {strings.Replace(good, `"moduleName":"kmm_cmd"`, `"moduleName":"kmm_cmd","firmwarePath":"/"`, 1), nil, contract.ReasonInvalidConfig, "firmwarePath"},
+		"no credentials":      {good, nil, contract.ReasonImagePull, "authentication failed"},
+		"missing pull secret": {good, []string{"--pull-secret", "/nonexistent/secret"}, contract.ReasonImagePull, "reading the pull secret"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -226,7 +226,7 @@ func TestFailuresWriteAClassifiedResult(t *testing.T) {
 			var stdout, stderr bytes.Buffer
 			code := run(context.Background(), e.args("load", tc.extra...), &stdout, &stderr)
 			res := e.result(t)
-			if code != exitFailed || res.Outcome != worker.OutcomeFailed || res.Reason != tc.reason || !strings.Contains(res.Message, tc.want) {
+			if code != exitFailed || res.Outcome != contract.OutcomeFailed || res.Reason != tc.reason || !strings.Contains(res.Message, tc.want) {
 				t.Errorf("exit %d, result %+v; want exit 1, %s saying %q", code, res, tc.reason, tc.want)
 			}
 		})
@@ -258,7 +258,7 @@ func TestUsageErrors(t *testing.T) {
 	}
 	// The action may also come after the flags.
 	f, err := parseFlags([]string{"--config", "c", "unload"}, io.Discard)
-	if err != nil || f.action != worker.ActionUnload || f.hostRoot != "/" || f.terminationLog != "/dev/termination-log" {
+	if err != nil || f.action != contract.ActionUnload || f.hostRoot != "/" || f.terminationLog != "/dev/termination-log" {
 		t.Errorf("flags %+v, %v", f, err)
 	}
 }
@@ -284,12 +284,12 @@ func TestTimeoutWritesAClassifiedResult(t *testing.T) {
 	code := run(context.Background(), e.args("load", "--timeout", "1s"), &stdout, &stderr)
 	elapsed := time.Since(start)
 	res := e.result(t)
-	if code != exitFailed || res.Reason != worker.ReasonImagePull || !strings.Contains(res.Message, "timed out after 1s") || elapsed > 10*time.Second {
+	if code != exitFailed || res.Reason != contract.ReasonImagePull || !strings.Contains(res.Message, "timed out after 1s") || elapsed > 10*time.Second {
 		t.Errorf("exit %d after %v, result %+v; want exit 1 with ImagePull saying it timed out after 1s", code, elapsed, res)
 	}
 	f, err := parseFlags([]string{"load", "--config", "c"}, io.Discard)
-	if err != nil || f.timeout != worker.DefaultTimeout {
-		t.Errorf("default timeout %v (%v), want %v", f.timeout, err, worker.DefaultTimeout)
+	if err != nil || f.timeout != contract.DefaultTimeout {
+		t.Errorf("default timeout %v (%v), want %v", f.timeout, err, contract.DefaultTimeout)
 	}
 	if _, err := parseFlags([]string{"load", "--config", "c", "--timeout", "0s"}, io.Discard); err == nil {
 		t.Errorf("a zero timeout was accepted")

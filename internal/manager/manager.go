@@ -26,11 +26,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/controllers"
 	"github.com/kmm-project/kmm/fsm"
 	kmmwebhook "github.com/kmm-project/kmm/internal/webhook"
 	"github.com/kmm-project/kmm/upgrade"
-	"github.com/kmm-project/kmm/worker"
 )
 
 // The operator needs these permissions for leader election and Events; controllers declare theirs.
@@ -184,7 +184,7 @@ func cacheOptions() cache.Options {
 	return cache.Options{
 		DefaultTransform: cache.TransformStripManagedFields(),
 		ByObject: map[client.Object]cache.ByObject{
-			&corev1.Pod{}:  {Label: labels.SelectorFromSet(labels.Set{worker.LabelManagedBy: worker.ManagedBy})},
+			&corev1.Pod{}:  {Label: labels.SelectorFromSet(labels.Set{contract.LabelManagedBy: contract.ManagedBy})},
 			&corev1.Node{}: {Transform: stripNode},
 		},
 	}

@@ -21,7 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
-	"github.com/kmm-project/kmm/worker"
+	"github.com/kmm-project/kmm/contract"
 )
 
 // DefaultInterval is how often the agent looks again, without a watch event, at the pods that wait
@@ -67,9 +67,9 @@ type Run struct {
 	// Module is "<namespace>/<name>" of the Module.
 	Module string
 	// Action is load or unload.
-	Action worker.Action
+	Action contract.Action
 	// Result is what the agent wrote as the termination message.
-	Result worker.Result
+	Result contract.Result
 	// Time is when the agent ended the pod.
 	Time time.Time
 }

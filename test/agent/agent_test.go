@@ -12,8 +12,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/test/agent"
-	"github.com/kmm-project/kmm/worker"
 )
 
 const kernel = "6.1.0-kmm.x86_64"
@@ -46,16 +46,16 @@ func TestAddNodeSetsStatus(t *testing.T) {
 func TestLoadThenUnload(t *testing.T) {
 	ns, node := namespace(t), addNode(t, kernel)
 	cfg := config(ns, "mod-a", kernel, "registry.example/kmod-a:v1")
-	load := workerPod(t, node, worker.ActionLoad, cfg)
+	load := workerPod(t, node, contract.ActionLoad, cfg)
 	create(t, load)
 	load = ended(t, load)
 	if load.Status.Phase != corev1.PodSucceeded {
 		t.Fatalf("load pod phase = %s", load.Status.Phase)
 	}
 	r, term := result(t, load)
-	want := worker.Result{Action: worker.ActionLoad, Namespace: ns, Name: "mod-a", KernelModule: "kmm_ci_mod_a", Version: "v1",
+	want := contract.Result{Action: contract.ActionLoad, Namespace: ns, Name: "mod-a", KernelModule: "kmm_ci_mod_a", Version: "v1",
 		Kernel: kernel, BootID: getNode(t, node).Status.NodeInfo.BootID, ImageDigest: agent.ImageDigest(cfg.Config.ContainerImage),
-		Outcome: worker.OutcomeSucceeded}
+		Outcome: contract.OutcomeSucceeded}
 	if r != want {
 		t.Errorf("result = %+v\nwant %+v", r, want)
 	}
@@ -66,12 +66,12 @@ func TestLoadThenUnload(t *testing.T) {
 		t.Errorf("loaded = %v", got)
 	}
 
-	unload := workerPod(t, node, worker.ActionUnload, cfg)
+	unload := workerPod(t, node, contract.ActionUnload, cfg)
 	create(t, unload)
 	if unload = ended(t, unload); unload.Status.Phase != corev1.PodSucceeded {
 		t.Fatalf("unload pod phase = %s", unload.Status.Phase)
 	}
-	if r, _ := result(t, unload); r.Action != worker.ActionUnload || r.Outcome != worker.OutcomeSucceeded {
+	if r, _ := result(t, unload); r.Action != contract.ActionUnload || r.Outcome != contract.OutcomeSucceeded {
 		t.Errorf("unload result = %+v", r)
 	}
 	if got := ag.Loaded(node); len(got) != 0 {
@@ -86,24 +86,24 @@ func TestLoadFailures(t *testing.T) {
 	ns, node := namespace(t), addNode(t, kernel)
 	for _, tc := range []struct {
 		name, kernel, image string
-		reason              worker.Reason
+		reason              contract.Reason
 	}{
-		{"broken", kernel, "registry.example/broken:v1", worker.ReasonImagePull},
-		{"missing", kernel, "registry.example/doesnotexist:v1", worker.ReasonImagePull},
-		{"other-kernel", "5.14.0-old", "registry.example/kmod:v1", worker.ReasonNotFound},
+		{"broken", kernel, "registry.example/broken:v1", contract.ReasonImagePull},
+		{"missing", kernel, "registry.example/doesnotexist:v1", contract.ReasonImagePull},
+		{"other-kernel", "5.14.0-old", "registry.example/kmod:v1", contract.ReasonNotFound},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			pod := workerPod(t, node, worker.ActionLoad, config(ns, tc.name, tc.kernel, tc.image))
+			pod := workerPod(t, node, contract.ActionLoad, config(ns, tc.name, tc.kernel, tc.image))
 			create(t, pod)
 			pod = ended(t, pod)
 			r, term := result(t, pod)
-			if pod.Status.Phase != corev1.PodFailed || r.Outcome != worker.OutcomeFailed || r.Reason != tc.reason || r.Message == "" {
+			if pod.Status.Phase != corev1.PodFailed || r.Outcome != contract.OutcomeFailed || r.Reason != tc.reason || r.Message == "" {
 				t.Errorf("phase %s, result %+v, want Failed with reason %s", pod.Status.Phase, r, tc.reason)
 			}
 			if term.ExitCode != 1 || term.Reason != "Error" {
 				t.Errorf("terminated state = %+v", term)
 			}
-			if (r.ImageDigest == "") != (tc.reason == worker.ReasonImagePull) {
+			if (r.ImageDigest == "") != (tc.reason == contract.ReasonImagePull) {
 				t.Errorf("image digest %q with reason %s", r.ImageDigest, r.Reason)
 			}
 		})
@@ -115,11 +115,11 @@ func TestLoadFailures(t *testing.T) {
 
 func TestMalformedConfigFails(t *testing.T) {
 	ns, node := namespace(t), addNode(t, kernel)
-	pod := workerPod(t, node, worker.ActionLoad, config(ns, "bad", kernel, "registry.example/kmod:v1"))
-	pod.Annotations[worker.AnnotationConfig] = `{"namespace": 3}`
+	pod := workerPod(t, node, contract.ActionLoad, config(ns, "bad", kernel, "registry.example/kmod:v1"))
+	pod.Annotations[contract.AnnotationConfig] = `{"namespace": 3}`
 	create(t, pod)
 	pod = ended(t, pod)
-	if r, _ := result(t, pod); pod.Status.Phase != corev1.PodFailed || r.Reason != worker.ReasonInvalidConfig || r.Name != "bad" {
+	if r, _ := result(t, pod); pod.Status.Phase != corev1.PodFailed || r.Reason != contract.ReasonInvalidConfig || r.Name != "bad" {
 		t.Errorf("phase %s, result %+v", pod.Status.Phase, r)
 	}
 }
@@ -127,14 +127,14 @@ func TestMalformedConfigFails(t *testing.T) {
 func TestRebootFailsRunningPodAndClearsModules(t *testing.T) {
 	ctx := context.Background()
 	ns, node := namespace(t), addNode(t, kernel)
-	loaded := workerPod(t, node, worker.ActionLoad, config(ns, "loaded", kernel, "registry.example/kmod:v1"))
+	loaded := workerPod(t, node, contract.ActionLoad, config(ns, "loaded", kernel, "registry.example/kmod:v1"))
 	create(t, loaded)
 	ended(t, loaded)
 	if len(ag.Loaded(node)) != 1 {
 		t.Fatalf("loaded = %v", ag.Loaded(node))
 	}
 
-	pod := workerPod(t, node, worker.ActionLoad, config(ns, "inflight", kernel, "registry.example/kmod:v1"))
+	pod := workerPod(t, node, contract.ActionLoad, config(ns, "inflight", kernel, "registry.example/kmod:v1"))
 	held.Store(ns+"/"+pod.Name, true)
 	t.Cleanup(func() { held.Delete(ns + "/" + pod.Name) })
 	create(t, pod)
@@ -157,7 +157,7 @@ func TestRebootFailsRunningPodAndClearsModules(t *testing.T) {
 	}
 	pod = ended(t, pod)
 	r, _ := result(t, pod)
-	if pod.Status.Phase != corev1.PodFailed || r.Reason != worker.ReasonOther || r.BootID != oldBoot ||
+	if pod.Status.Phase != corev1.PodFailed || r.Reason != contract.ReasonOther || r.BootID != oldBoot ||
 		!strings.Contains(r.Message, "rebooted") || r.Name != "inflight" {
 		t.Errorf("phase %s, result %+v; want Failed, Other, rebooted, bootID %s", pod.Status.Phase, r, oldBoot)
 	}
@@ -166,9 +166,9 @@ func TestRebootFailsRunningPodAndClearsModules(t *testing.T) {
 	}
 
 	// A pod created after the reboot runs with the new boot ID.
-	again := workerPod(t, node, worker.ActionLoad, config(ns, "again", kernel, "registry.example/kmod:v1"))
+	again := workerPod(t, node, contract.ActionLoad, config(ns, "again", kernel, "registry.example/kmod:v1"))
 	create(t, again)
-	if r, _ := result(t, ended(t, again)); r.Outcome != worker.OutcomeSucceeded || r.BootID != n.Status.NodeInfo.BootID {
+	if r, _ := result(t, ended(t, again)); r.Outcome != contract.OutcomeSucceeded || r.BootID != n.Status.NodeInfo.BootID {
 		t.Errorf("result after reboot = %+v, want success with bootID %s", r, n.Status.NodeInfo.BootID)
 	}
 }
@@ -185,14 +185,14 @@ func TestSetKernelReboots(t *testing.T) {
 		t.Errorf("after SetKernel: kernel %q bootID %q (was %q)", n.Status.NodeInfo.KernelVersion, n.Status.NodeInfo.BootID, oldBoot)
 	}
 	// A config for the old kernel no longer loads; one for the new kernel does.
-	old := workerPod(t, node, worker.ActionLoad, config(ns, "old", kernel, "registry.example/kmod:v1"))
-	cur := workerPod(t, node, worker.ActionLoad, config(ns, "new", newKernel, "registry.example/kmod:v1"))
+	old := workerPod(t, node, contract.ActionLoad, config(ns, "old", kernel, "registry.example/kmod:v1"))
+	cur := workerPod(t, node, contract.ActionLoad, config(ns, "new", newKernel, "registry.example/kmod:v1"))
 	create(t, old)
 	create(t, cur)
-	if r, _ := result(t, ended(t, old)); r.Reason != worker.ReasonNotFound {
+	if r, _ := result(t, ended(t, old)); r.Reason != contract.ReasonNotFound {
 		t.Errorf("old-kernel load result = %+v, want NotFound", r)
 	}
-	if r, _ := result(t, ended(t, cur)); r.Outcome != worker.OutcomeSucceeded || r.Kernel != newKernel {
+	if r, _ := result(t, ended(t, cur)); r.Outcome != contract.OutcomeSucceeded || r.Kernel != newKernel {
 		t.Errorf("new-kernel load result = %+v", r)
 	}
 }
@@ -206,7 +206,7 @@ func TestNotReadyNodeRunsNothing(t *testing.T) {
 	if c := readyCondition(t, getNode(t, node)); c.Status != corev1.ConditionFalse {
 		t.Errorf("Ready = %+v after SetReady(false)", c)
 	}
-	pod := workerPod(t, node, worker.ActionLoad, config(ns, "waits", kernel, "registry.example/kmod:v1"))
+	pod := workerPod(t, node, contract.ActionLoad, config(ns, "waits", kernel, "registry.example/kmod:v1"))
 	create(t, pod)
 	time.Sleep(300 * time.Millisecond) // several agent passes
 	if err := k8s.Get(ctx, client.ObjectKeyFromObject(pod), pod); err != nil {
@@ -249,7 +249,7 @@ func TestAPIServerPodDeletion(t *testing.T) {
 	ns := namespace(t)
 	cfg := config(ns, "x", kernel, "registry.example/kmod:v1")
 
-	unbound := workerPod(t, "", worker.ActionLoad, cfg)
+	unbound := workerPod(t, "", contract.ActionLoad, cfg)
 	unbound.Name = "unbound"
 	create(t, unbound)
 	if err := k8s.Delete(ctx, unbound); err != nil {
@@ -258,7 +258,7 @@ func TestAPIServerPodDeletion(t *testing.T) {
 	gone(t, unbound, "a pod bound to no node is deleted at once")
 
 	// Bound to a node nobody runs: it stays Terminating until deleted with grace period 0.
-	bound := workerPod(t, "no-kubelet-here", worker.ActionLoad, cfg)
+	bound := workerPod(t, "no-kubelet-here", contract.ActionLoad, cfg)
 	create(t, bound)
 	if err := k8s.Delete(ctx, bound); err != nil {
 		t.Fatal(err)
@@ -276,7 +276,7 @@ func TestAPIServerPodDeletion(t *testing.T) {
 	gone(t, bound, "a bound pod is deleted with grace period 0")
 
 	// Bound, but ended: deleted at once.
-	ended := workerPod(t, "no-kubelet-here", worker.ActionUnload, cfg)
+	ended := workerPod(t, "no-kubelet-here", contract.ActionUnload, cfg)
 	create(t, ended)
 	setFailed(t, ended)
 	if err := k8s.Delete(ctx, ended); err != nil {
@@ -290,7 +290,7 @@ func TestAPIServerPodDeletion(t *testing.T) {
 // phase may go from Failed back to Running. Whoever writes pod status must check the phase itself.
 func TestAPIServerPodPhase(t *testing.T) {
 	ctx := context.Background()
-	pod := workerPod(t, "no-kubelet-here", worker.ActionLoad, config(namespace(t), "x", kernel, "registry.example/kmod:v1"))
+	pod := workerPod(t, "no-kubelet-here", contract.ActionLoad, config(namespace(t), "x", kernel, "registry.example/kmod:v1"))
 	create(t, pod)
 	setFailed(t, pod)
 	running := pod.DeepCopy()
@@ -311,7 +311,7 @@ func TestAPIServerPodPhase(t *testing.T) {
 func setFailed(t *testing.T, pod *corev1.Pod) {
 	t.Helper()
 	pod.Status.Phase = corev1.PodFailed
-	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: worker.ContainerName,
+	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: contract.ContainerName,
 		State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 1}}}}
 	if err := k8s.Status().Update(context.Background(), pod); err != nil {
 		t.Fatal(err)
@@ -321,7 +321,7 @@ func setFailed(t *testing.T, pod *corev1.Pod) {
 func TestDeletedRunningPodGoesAway(t *testing.T) {
 	ctx := context.Background()
 	ns, node := namespace(t), addNode(t, kernel)
-	pod := workerPod(t, node, worker.ActionLoad, config(ns, "deleted", kernel, "registry.example/kmod:v1"))
+	pod := workerPod(t, node, contract.ActionLoad, config(ns, "deleted", kernel, "registry.example/kmod:v1"))
 	held.Store(ns+"/"+pod.Name, true)
 	t.Cleanup(func() { held.Delete(ns + "/" + pod.Name) })
 	create(t, pod)
@@ -334,7 +334,7 @@ func TestDeletedRunningPodGoesAway(t *testing.T) {
 	var found bool
 	for _, r := range runs {
 		if r.Node == node && r.Pod == pod.Name {
-			found = r.Result.Outcome == worker.OutcomeFailed && strings.Contains(r.Result.Message, "deleted")
+			found = r.Result.Outcome == contract.OutcomeFailed && strings.Contains(r.Result.Message, "deleted")
 		}
 	}
 	if !found {
@@ -345,7 +345,7 @@ func TestDeletedRunningPodGoesAway(t *testing.T) {
 func TestDeletionWaitsForReadyNode(t *testing.T) {
 	ctx := context.Background()
 	ns, node := namespace(t), addNode(t, kernel)
-	pod := workerPod(t, node, worker.ActionLoad, config(ns, "stuck", kernel, "registry.example/kmod:v1"))
+	pod := workerPod(t, node, contract.ActionLoad, config(ns, "stuck", kernel, "registry.example/kmod:v1"))
 	if err := ag.SetReady(ctx, node, false); err != nil {
 		t.Fatal(err)
 	}
@@ -367,8 +367,8 @@ func TestOwnAgentWithCustomOutcomeAndDelay(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	busy := func(in agent.RunInput) agent.Verdict {
-		if in.Action == worker.ActionUnload {
-			return agent.Failed(worker.ReasonBusy, "modprobe: FATAL: Module "+in.Config.Config.Modprobe.ModuleName+" is in use.")
+		if in.Action == contract.ActionUnload {
+			return agent.Failed(contract.ReasonBusy, "modprobe: FATAL: Module "+in.Config.Config.Modprobe.ModuleName+" is in use.")
 		}
 		return agent.DefaultOutcome(in)
 	}
@@ -388,7 +388,7 @@ func TestOwnAgentWithCustomOutcomeAndDelay(t *testing.T) {
 	if err := own.AddNode(ctx, node, kernel, nil); err != nil {
 		t.Fatal(err)
 	}
-	pod := workerPod(t, node, worker.ActionUnload, config(ns, "busy", kernel, "registry.example/kmod:v1"))
+	pod := workerPod(t, node, contract.ActionUnload, config(ns, "busy", kernel, "registry.example/kmod:v1"))
 	start := time.Now()
 	create(t, pod)
 	running(t, pod) // RunDelay shows the pod Running first
@@ -396,7 +396,7 @@ func TestOwnAgentWithCustomOutcomeAndDelay(t *testing.T) {
 	if d := time.Since(start); d < 200*time.Millisecond {
 		t.Errorf("the pod ended after %v, before RunDelay", d)
 	}
-	if r, _ := result(t, pod); r.Reason != worker.ReasonBusy {
+	if r, _ := result(t, pod); r.Reason != contract.ReasonBusy {
 		t.Errorf("result = %+v, want Busy", r)
 	}
 	if ag.RunCount(node, ns+"/busy") != 0 || own.RunCount(node, ns+"/busy") != 1 {

@@ -3,11 +3,11 @@
 // kube-controller-manager.
 //
 // An Agent creates the Nodes it manages (AddNode) and keeps their status what the test said: kernel
-// version, boot ID and a Ready condition. It watches worker pods (label worker.LabelWorker=true)
+// version, boot ID and a Ready condition. It watches worker pods (label contract.LabelWorker=true)
 // bound to those nodes and "runs" them the way a kubelet running the real worker binary would: it
 // reads the worker Config from the pod annotation, decides the outcome with a pure OutcomeFunc
 // (DefaultOutcome unless the test chose another), keeps a simulated set of loaded modules per node,
-// and writes the pod's terminal status through the status subresource with the worker.Result JSON
+// and writes the pod's terminal status through the status subresource with the contract.Result JSON
 // as the container's termination message. It confirms the deletion of terminating pods (deleting
 // them with grace period 0, as a kubelet does) and simulates reboots, kernel upgrades and NotReady
 // nodes. Pods on nodes the agent does not manage are left alone, so several agents can share one

@@ -18,9 +18,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/test/agent"
 	"github.com/kmm-project/kmm/test/envtest"
-	"github.com/kmm-project/kmm/worker"
 )
 
 // Shared by the tests: a client of the envtest API server and one running agent whose Hold holds
@@ -103,15 +103,15 @@ func addNode(t *testing.T, kernel string) string {
 }
 
 // config is a worker Config for module ns/name on kernel from image.
-func config(ns, name, kernel, image string) worker.Config {
-	return worker.Config{Namespace: ns, Name: name, Config: kmmv1beta1.ModuleConfig{
+func config(ns, name, kernel, image string) contract.Config {
+	return contract.Config{Namespace: ns, Name: name, Config: kmmv1beta1.ModuleConfig{
 		KernelVersion: kernel, ContainerImage: image, Version: "v1",
 		Modprobe: kmmv1beta1.ModprobeSpec{ModuleName: "kmm_ci_" + strings.ReplaceAll(name, "-", "_")},
 	}}
 }
 
 // workerPod is a worker pod as the operator builds it, reduced to what the agent reads.
-func workerPod(t *testing.T, node string, action worker.Action, cfg worker.Config) *corev1.Pod {
+func workerPod(t *testing.T, node string, action contract.Action, cfg contract.Config) *corev1.Pod {
 	t.Helper()
 	data, err := json.Marshal(cfg)
 	if err != nil {
@@ -121,15 +121,15 @@ func workerPod(t *testing.T, node string, action worker.Action, cfg worker.Confi
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      fmt.Sprintf("kmm-worker-%s-%s-%s", node, cfg.Name, action),
 			Namespace: cfg.Namespace,
-			Labels: map[string]string{worker.LabelWorker: "true", worker.LabelNode: node, worker.LabelAction: string(action),
-				worker.LabelModuleNamespace: cfg.Namespace, worker.LabelModuleName: cfg.Name},
-			Annotations: map[string]string{worker.AnnotationConfig: string(data), worker.AnnotationAttempt: "1"},
+			Labels: map[string]string{contract.LabelWorker: "true", contract.LabelNode: node, contract.LabelAction: string(action),
+				contract.LabelModuleNamespace: cfg.Namespace, contract.LabelModuleName: cfg.Name},
+			Annotations: map[string]string{contract.AnnotationConfig: string(data), contract.AnnotationAttempt: "1"},
 		},
 		Spec: corev1.PodSpec{
 			NodeName:                     node,
 			RestartPolicy:                corev1.RestartPolicyNever,
 			AutomountServiceAccountToken: ptr.To(false),
-			Containers:                   []corev1.Container{{Name: worker.ContainerName, Image: "example.com/kmm/worker:test"}},
+			Containers:                   []corev1.Container{{Name: contract.ContainerName, Image: "example.com/kmm/worker:test"}},
 		},
 	}
 }
@@ -174,19 +174,19 @@ func running(t *testing.T, pod *corev1.Pod) *corev1.Pod {
 }
 
 // result parses the worker Result of an ended pod.
-func result(t *testing.T, pod *corev1.Pod) (worker.Result, *corev1.ContainerStateTerminated) {
+func result(t *testing.T, pod *corev1.Pod) (contract.Result, *corev1.ContainerStateTerminated) {
 	t.Helper()
 	for _, cs := range pod.Status.ContainerStatuses {
-		if cs.Name == worker.ContainerName && cs.State.Terminated != nil {
-			r, err := worker.ParseResult([]byte(cs.State.Terminated.Message))
+		if cs.Name == contract.ContainerName && cs.State.Terminated != nil {
+			r, err := contract.ParseResult([]byte(cs.State.Terminated.Message))
 			if err != nil {
 				t.Fatalf("pod %s: %v", pod.Name, err)
 			}
 			return r, cs.State.Terminated
 		}
 	}
-	t.Fatalf("pod %s has no terminated %s container: %+v", pod.Name, worker.ContainerName, pod.Status)
-	return worker.Result{}, nil
+	t.Fatalf("pod %s has no terminated %s container: %+v", pod.Name, contract.ContainerName, pod.Status)
+	return contract.Result{}, nil
 }
 
 // getNode reads a Node.

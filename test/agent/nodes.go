@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
-	"github.com/kmm-project/kmm/worker"
+	"github.com/kmm-project/kmm/contract"
 )
 
 // nodeState is what the agent says a managed node is; the Node's status is kept equal to it.
@@ -173,7 +173,7 @@ func (a *Agent) managed(node string) (*nodeState, error) {
 // ID is published, so a pod created in reaction to the reboot is run, not failed.
 func (a *Agent) reboot(ctx context.Context, st *nodeState) error {
 	var pods corev1.PodList
-	if err := a.client.List(ctx, &pods, client.MatchingLabels{worker.LabelWorker: "true"},
+	if err := a.client.List(ctx, &pods, client.MatchingLabels{contract.LabelWorker: "true"},
 		client.MatchingFields{"spec.nodeName": st.name}); err != nil {
 		return fmt.Errorf("listing the worker pods of node %s: %w", st.name, err)
 	}

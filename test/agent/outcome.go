@@ -9,7 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/kmm-project/kmm/worker"
+	"github.com/kmm-project/kmm/contract"
 )
 
 // RunInput is everything an OutcomeFunc may look at: the facts of one simulated worker run.
@@ -20,20 +20,20 @@ type RunInput struct {
 	NodeKernel string
 	// BootID is the node's current boot ID.
 	BootID string
-	// Action is the pod's worker.LabelAction.
-	Action worker.Action
-	// Config is the worker Config parsed from the pod's worker.AnnotationConfig.
-	Config worker.Config
+	// Action is the pod's contract.LabelAction.
+	Action contract.Action
+	// Config is the worker Config parsed from the pod's contract.AnnotationConfig.
+	Config contract.Config
 	// Pod is the worker pod; an OutcomeFunc must not modify it.
 	Pod *corev1.Pod
 }
 
-// Verdict is how a simulated worker run ends. The agent turns it into a worker.Result.
+// Verdict is how a simulated worker run ends. The agent turns it into a contract.Result.
 type Verdict struct {
-	// Outcome is worker.OutcomeSucceeded or worker.OutcomeFailed.
-	Outcome worker.Outcome
+	// Outcome is contract.OutcomeSucceeded or contract.OutcomeFailed.
+	Outcome contract.Outcome
 	// Reason classifies a failure; it must be empty on success.
-	Reason worker.Reason
+	Reason contract.Reason
 	// Message explains a failure.
 	Message string
 	// Stderr is a simulated modprobe standard error tail.
@@ -48,11 +48,11 @@ type Verdict struct {
 type OutcomeFunc func(in RunInput) Verdict
 
 // Succeeded is the verdict of a run that did what it was asked.
-func Succeeded() Verdict { return Verdict{Outcome: worker.OutcomeSucceeded} }
+func Succeeded() Verdict { return Verdict{Outcome: contract.OutcomeSucceeded} }
 
 // Failed is the verdict of a run that failed for reason with message.
-func Failed(reason worker.Reason, message string) Verdict {
-	return Verdict{Outcome: worker.OutcomeFailed, Reason: reason, Message: message}
+func Failed(reason contract.Reason, message string) Verdict {
+	return Verdict{Outcome: contract.OutcomeFailed, Reason: reason, Message: message}
 }
 
 // brokenImageMarkers make DefaultOutcome fail a load with ImagePull when the image reference
@@ -69,24 +69,24 @@ const refusedConfigMarker = "refusedconfig"
 // the config was resolved for another kernel than the node runs, and succeeds otherwise. An unload
 // always succeeds: unloading a module that is not loaded is not an error.
 func DefaultOutcome(in RunInput) Verdict {
-	if in.Action != worker.ActionLoad {
+	if in.Action != contract.ActionLoad {
 		return Succeeded()
 	}
 	mc := in.Config.Config
 	if strings.Contains(mc.ContainerImage, refusedConfigMarker) {
-		return Failed(worker.ReasonInvalidConfig, "invalid config: simulated: this worker refuses "+mc.ContainerImage)
+		return Failed(contract.ReasonInvalidConfig, "invalid config: simulated: this worker refuses "+mc.ContainerImage)
 	}
 	for _, m := range brokenImageMarkers {
 		if strings.Contains(mc.ContainerImage, m) {
-			return Failed(worker.ReasonImagePull, fmt.Sprintf("pulling %s: simulated: MANIFEST_UNKNOWN: manifest unknown", mc.ContainerImage))
+			return Failed(contract.ReasonImagePull, fmt.Sprintf("pulling %s: simulated: MANIFEST_UNKNOWN: manifest unknown", mc.ContainerImage))
 		}
 	}
 	if mc.KernelVersion != in.NodeKernel {
 		dir := mc.Modprobe.DirName
 		if dir == "" {
-			dir = worker.DefaultDirName
+			dir = contract.DefaultDirName
 		}
-		return Failed(worker.ReasonNotFound, fmt.Sprintf("module %s: %s not found in image %s (config for kernel %s, node runs %s)",
+		return Failed(contract.ReasonNotFound, fmt.Sprintf("module %s: %s not found in image %s (config for kernel %s, node runs %s)",
 			mc.Modprobe.ModuleName, path.Join(dir, "lib/modules", in.NodeKernel), mc.ContainerImage, mc.KernelVersion, in.NodeKernel))
 	}
 	return Succeeded()
@@ -98,11 +98,11 @@ func ImageDigest(image string) string {
 	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
-// buildResult is the worker.Result a real worker would write for in ending with v on a node whose
+// buildResult is the contract.Result a real worker would write for in ending with v on a node whose
 // current boot ID is bootID.
-func buildResult(in RunInput, bootID string, v Verdict) worker.Result {
+func buildResult(in RunInput, bootID string, v Verdict) contract.Result {
 	mc := in.Config.Config
-	r := worker.Result{
+	r := contract.Result{
 		Action:       in.Action,
 		Namespace:    in.Config.Namespace,
 		Name:         in.Config.Name,
@@ -115,7 +115,7 @@ func buildResult(in RunInput, bootID string, v Verdict) worker.Result {
 		Message:      v.Message,
 		Stderr:       v.Stderr,
 	}
-	if mc.ContainerImage != "" && v.Reason != worker.ReasonImagePull {
+	if mc.ContainerImage != "" && v.Reason != contract.ReasonImagePull {
 		r.ImageDigest = ImageDigest(mc.ContainerImage)
 	}
 	if v.ImageDigest != "" {
@@ -126,14 +126,14 @@ func buildResult(in RunInput, bootID string, v Verdict) worker.Result {
 
 // podResult is the Result of a pod the agent fails without running it (bad config, reboot,
 // deletion): the Module comes from the config when it parses and from the pod labels otherwise.
-func podResult(pod *corev1.Pod, bootID, message string) worker.Result {
-	in := RunInput{Action: worker.Action(pod.Labels[worker.LabelAction])}
-	if cfg, err := worker.ParseConfig([]byte(pod.Annotations[worker.AnnotationConfig])); err == nil {
+func podResult(pod *corev1.Pod, bootID, message string) contract.Result {
+	in := RunInput{Action: contract.Action(pod.Labels[contract.LabelAction])}
+	if cfg, err := contract.ParseConfig([]byte(pod.Annotations[contract.AnnotationConfig])); err == nil {
 		in.Config = cfg
 	} else {
-		in.Config.Namespace, in.Config.Name = pod.Labels[worker.LabelModuleNamespace], pod.Labels[worker.LabelModuleName]
+		in.Config.Namespace, in.Config.Name = pod.Labels[contract.LabelModuleNamespace], pod.Labels[contract.LabelModuleName]
 	}
-	r := buildResult(in, bootID, Failed(worker.ReasonOther, message))
+	r := buildResult(in, bootID, Failed(contract.ReasonOther, message))
 	r.ImageDigest = ""
 	return r
 }

@@ -3,31 +3,31 @@ package agent_test
 import (
 	"testing"
 
+	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/test/agent"
-	"github.com/kmm-project/kmm/worker"
 )
 
 func TestDefaultOutcome(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
-		action     worker.Action
+		action     contract.Action
 		image      string
 		cfgKernel  string
 		nodeKernel string
-		want       worker.Reason
+		want       contract.Reason
 		succeeded  bool
 	}{
-		{"load", worker.ActionLoad, "reg/kmod:v1", "6.1", "6.1", "", true},
-		{"broken image", worker.ActionLoad, "reg/broken:v1", "6.1", "6.1", worker.ReasonImagePull, false},
-		{"missing image", worker.ActionLoad, "reg/doesnotexist:v1", "6.1", "6.1", worker.ReasonImagePull, false},
-		{"image beats kernel", worker.ActionLoad, "reg/broken:v1", "6.1", "6.2", worker.ReasonImagePull, false},
-		{"other kernel", worker.ActionLoad, "reg/kmod:v1", "6.1", "6.2", worker.ReasonNotFound, false},
-		{"unload anything", worker.ActionUnload, "reg/broken:v1", "6.1", "6.2", "", true},
+		{"load", contract.ActionLoad, "reg/kmod:v1", "6.1", "6.1", "", true},
+		{"broken image", contract.ActionLoad, "reg/broken:v1", "6.1", "6.1", contract.ReasonImagePull, false},
+		{"missing image", contract.ActionLoad, "reg/doesnotexist:v1", "6.1", "6.1", contract.ReasonImagePull, false},
+		{"image beats kernel", contract.ActionLoad, "reg/broken:v1", "6.1", "6.2", contract.ReasonImagePull, false},
+		{"other kernel", contract.ActionLoad, "reg/kmod:v1", "6.1", "6.2", contract.ReasonNotFound, false},
+		{"unload anything", contract.ActionUnload, "reg/broken:v1", "6.1", "6.2", "", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := config("ns", "m", tc.cfgKernel, tc.image)
 			v := agent.DefaultOutcome(agent.RunInput{Node: "n", NodeKernel: tc.nodeKernel, Action: tc.action, Config: cfg})
-			if (v.Outcome == worker.OutcomeSucceeded) != tc.succeeded || v.Reason != tc.want {
+			if (v.Outcome == contract.OutcomeSucceeded) != tc.succeeded || v.Reason != tc.want {
 				t.Errorf("verdict = %+v, want succeeded=%v reason %q", v, tc.succeeded, tc.want)
 			}
 			if !tc.succeeded && v.Message == "" {

@@ -11,7 +11,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/kmm-project/kmm/worker"
+	"github.com/kmm-project/kmm/contract"
 )
 
 // Exit codes and reasons of the simulated worker container.
@@ -22,8 +22,8 @@ const (
 	reasonError     = "Error"
 )
 
-// isWorkerPod says whether pod is a worker pod (label worker.LabelWorker=true).
-func isWorkerPod(pod *corev1.Pod) bool { return pod.Labels[worker.LabelWorker] == "true" }
+// isWorkerPod says whether pod is a worker pod (label contract.LabelWorker=true).
+func isWorkerPod(pod *corev1.Pod) bool { return pod.Labels[contract.LabelWorker] == "true" }
 
 // isTerminal says whether pod has ended.
 func isTerminal(pod *corev1.Pod) bool {
@@ -107,12 +107,12 @@ func (a *Agent) runPod(ctx context.Context, st *nodeState, pod *corev1.Pod) erro
 }
 
 // applyRun applies a run that was written to the simulated kernel and records it; a.mu is held.
-func (a *Agent) applyRun(st *nodeState, pod *corev1.Pod, res worker.Result, cfg *worker.Config) {
-	if cfg != nil && res.Outcome == worker.OutcomeSucceeded {
+func (a *Agent) applyRun(st *nodeState, pod *corev1.Pod, res contract.Result, cfg *contract.Config) {
+	if cfg != nil && res.Outcome == contract.OutcomeSucceeded {
 		switch res.Action {
-		case worker.ActionLoad:
+		case contract.ActionLoad:
 			st.loaded[cfg.ModuleID()] = *cfg.Config.DeepCopy()
-		case worker.ActionUnload:
+		case contract.ActionUnload:
 			delete(st.loaded, cfg.ModuleID())
 		}
 	}
@@ -121,23 +121,23 @@ func (a *Agent) applyRun(st *nodeState, pod *corev1.Pod, res worker.Result, cfg 
 
 // decide is the Result of running pod on st now, and the config it ran with (nil when the pod's
 // config or action is unusable, which fails the run as the real worker would).
-func (a *Agent) decide(st *nodeState, pod *corev1.Pod) (worker.Result, *worker.Config) {
-	cfg, err := worker.ParseConfig([]byte(pod.Annotations[worker.AnnotationConfig]))
+func (a *Agent) decide(st *nodeState, pod *corev1.Pod) (contract.Result, *contract.Config) {
+	cfg, err := contract.ParseConfig([]byte(pod.Annotations[contract.AnnotationConfig]))
 	if err != nil {
 		res := podResult(pod, st.bootID, err.Error())
-		res.Reason = worker.ReasonInvalidConfig // as the real worker reports a config it refuses
+		res.Reason = contract.ReasonInvalidConfig // as the real worker reports a config it refuses
 		return res, nil
 	}
-	action := worker.Action(pod.Labels[worker.LabelAction])
-	if action != worker.ActionLoad && action != worker.ActionUnload {
+	action := contract.Action(pod.Labels[contract.LabelAction])
+	if action != contract.ActionLoad && action != contract.ActionUnload {
 		return podResult(pod, st.bootID, fmt.Sprintf("unknown action %q", action)), nil
 	}
 	in := RunInput{Node: st.name, NodeKernel: st.kernel, BootID: st.bootID, Action: action, Config: cfg, Pod: pod}
 	v := a.outcome(in)
-	if v.Outcome != worker.OutcomeSucceeded {
-		v.Outcome = worker.OutcomeFailed
+	if v.Outcome != contract.OutcomeSucceeded {
+		v.Outcome = contract.OutcomeFailed
 		if v.Reason == "" {
-			v.Reason = worker.ReasonOther
+			v.Reason = contract.ReasonOther
 		}
 	} else {
 		v.Reason = ""
@@ -212,7 +212,7 @@ func (a *Agent) markRunning(ctx context.Context, pod *corev1.Pod) error {
 
 // finishPod writes res as pod's terminal status unless the pod already ended. It reports whether it
 // wrote; a pod that is gone is not an error.
-func (a *Agent) finishPod(ctx context.Context, pod *corev1.Pod, res worker.Result) (bool, error) {
+func (a *Agent) finishPod(ctx context.Context, pod *corev1.Pod, res contract.Result) (bool, error) {
 	msg, err := res.Marshal()
 	if err != nil {
 		return false, fmt.Errorf("encoding the result of pod %s/%s: %w", pod.Namespace, pod.Name, err)
@@ -228,14 +228,14 @@ func (a *Agent) finishPod(ctx context.Context, pod *corev1.Pod, res worker.Resul
 }
 
 // setTerminated gives p the terminal status of a worker container that ended with outcome at now.
-func setTerminated(p *corev1.Pod, outcome worker.Outcome, message string, now metav1.Time) {
+func setTerminated(p *corev1.Pod, outcome contract.Outcome, message string, now metav1.Time) {
 	phase, code, reason := corev1.PodSucceeded, int32(exitSucceeded), reasonCompleted
-	if outcome != worker.OutcomeSucceeded {
+	if outcome != contract.OutcomeSucceeded {
 		phase, code, reason = corev1.PodFailed, exitFailed, reasonError
 	}
 	started := now
 	for _, cs := range p.Status.ContainerStatuses {
-		if cs.Name == worker.ContainerName && cs.State.Running != nil {
+		if cs.Name == contract.ContainerName && cs.State.Running != nil {
 			started = cs.State.Running.StartedAt
 		}
 	}
@@ -253,12 +253,12 @@ func setTerminated(p *corev1.Pod, outcome worker.Outcome, message string, now me
 func containerStatus(p *corev1.Pod, state corev1.ContainerState) corev1.ContainerStatus {
 	image := ""
 	for _, c := range p.Spec.Containers {
-		if c.Name == worker.ContainerName {
+		if c.Name == contract.ContainerName {
 			image = c.Image
 		}
 	}
 	running := state.Running != nil
-	return corev1.ContainerStatus{Name: worker.ContainerName, Image: image, ImageID: ImageDigest(image),
+	return corev1.ContainerStatus{Name: contract.ContainerName, Image: image, ImageID: ImageDigest(image),
 		ContainerID: containerID(p), State: state, Ready: running, Started: &running}
 }
 
@@ -300,7 +300,7 @@ func (a *Agent) updatePodStatus(ctx context.Context, pod *corev1.Pod, mutate fun
 }
 
 // record appends a run to the history.
-func (a *Agent) record(node string, pod *corev1.Pod, res worker.Result) {
+func (a *Agent) record(node string, pod *corev1.Pod, res contract.Result) {
 	a.runs = append(a.runs, Run{Node: node, Namespace: pod.Namespace, Pod: pod.Name, UID: pod.UID,
 		Module: res.Namespace + "/" + res.Name, Action: res.Action, Result: res, Time: a.clock.Now()})
 }

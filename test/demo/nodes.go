@@ -11,8 +11,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/test/agent"
-	"github.com/kmm-project/kmm/worker"
 )
 
 // startNodes starts the agent with one sandbox per node and adds the nodes.
@@ -42,15 +42,15 @@ func (d *demo) startNodes(ctx context.Context) error {
 func (d *demo) runWorker(in agent.RunInput) agent.Verdict {
 	sandbox := filepath.Join(d.sandboxes, in.Node)
 	if err := os.WriteFile(filepath.Join(sandbox, "proc/sys/kernel/random/boot_id"), []byte(in.BootID+"\n"), 0o600); err != nil {
-		return agent.Failed(worker.ReasonOther, err.Error())
+		return agent.Failed(contract.ReasonOther, err.Error())
 	}
 	cfg, err := json.Marshal(in.Config)
 	if err != nil {
-		return agent.Failed(worker.ReasonOther, err.Error())
+		return agent.Failed(contract.ReasonOther, err.Error())
 	}
 	cfgFile, resFile := filepath.Join(sandbox, "config.json"), filepath.Join(sandbox, "result.json")
 	if err := os.WriteFile(cfgFile, cfg, 0o600); err != nil {
-		return agent.Failed(worker.ReasonOther, err.Error())
+		return agent.Failed(contract.ReasonOther, err.Error())
 	}
 	_ = os.Remove(resFile)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -60,11 +60,11 @@ func (d *demo) runWorker(in agent.RunInput) agent.Verdict {
 	out, runErr := cmd.CombinedOutput()
 	data, err := os.ReadFile(resFile)
 	if err != nil {
-		return agent.Failed(worker.ReasonOther, fmt.Sprintf("the worker wrote no result (%v): %s", runErr, out))
+		return agent.Failed(contract.ReasonOther, fmt.Sprintf("the worker wrote no result (%v): %s", runErr, out))
 	}
-	res, err := worker.ParseResult(data)
+	res, err := contract.ParseResult(data)
 	if err != nil {
-		return agent.Failed(worker.ReasonOther, err.Error())
+		return agent.Failed(contract.ReasonOther, err.Error())
 	}
 	return agent.Verdict{Outcome: res.Outcome, Reason: res.Reason, Message: res.Message, Stderr: res.Stderr, ImageDigest: res.ImageDigest}
 }

@@ -33,10 +33,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/internal/manager"
 	"github.com/kmm-project/kmm/test/agent"
 	"github.com/kmm-project/kmm/test/envtest"
-	"github.com/kmm-project/kmm/worker"
 )
 
 // Namespace holds the harness's Modules.
@@ -427,7 +427,7 @@ func (h *harness) waitLoaded(ctx context.Context, suffix string) error {
 func (h *harness) workerPods(ctx context.Context) (int, error) {
 	pods := &metav1.PartialObjectMetadataList{}
 	pods.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("PodList"))
-	err := h.api.List(ctx, pods, client.MatchingLabels{worker.LabelWorker: "true"})
+	err := h.api.List(ctx, pods, client.MatchingLabels{contract.LabelWorker: "true"})
 	return len(pods.Items), err
 }
 

@@ -11,7 +11,7 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
-	"github.com/kmm-project/kmm/worker"
+	"github.com/kmm-project/kmm/contract"
 )
 
 // expectedChecks are the CHECK lines the guest must print, each with PASS.
@@ -32,10 +32,10 @@ var expectedChecks = []string{
 
 // wantResult is what the host expects of a step's worker result.
 type wantResult struct {
-	action    worker.Action
+	action    contract.Action
 	module    string
-	outcome   worker.Outcome
-	reason    worker.Reason
+	outcome   contract.Outcome
+	reason    contract.Reason
 	image     string // repository:tag whose digest the result must name
 	fromCache bool
 	// message and stderr are substrings the result's message and stderr must contain.
@@ -45,15 +45,15 @@ type wantResult struct {
 // expectedResults are the worker results of the steps, checked on the host from the JSON the
 // guest printed.
 var expectedResults = map[string]wantResult{
-	"load":         {action: worker.ActionLoad, module: "dummy", outcome: worker.OutcomeSucceeded, image: ImageRepo},
-	"unload":       {action: worker.ActionUnload, module: "dummy", outcome: worker.OutcomeSucceeded, image: ImageRepo, fromCache: true},
-	"intree":       {action: worker.ActionLoad, module: "macvtap", outcome: worker.OutcomeSucceeded, image: ImageRepo},
-	"busy":         {action: worker.ActionUnload, module: "macvlan", outcome: worker.OutcomeFailed, reason: worker.ReasonBusy, image: ImageRepo, fromCache: true, message: "is in use", stderr: "Module macvlan is in use"},
-	"unload-deps":  {action: worker.ActionUnload, module: "macvtap", outcome: worker.OutcomeSucceeded, image: ImageRepo, fromCache: true},
-	"order-load":   {action: worker.ActionLoad, module: "dummy", outcome: worker.OutcomeSucceeded, image: ImageRepo, fromCache: true},
-	"order-unload": {action: worker.ActionUnload, module: "dummy", outcome: worker.OutcomeSucceeded, image: ImageRepo, fromCache: true},
-	"not-found":    {action: worker.ActionLoad, module: "kmm_absent", outcome: worker.OutcomeFailed, reason: worker.ReasonNotFound, image: ImageRepo, fromCache: true, stderr: "not found"},
-	"wrong-kernel": {action: worker.ActionLoad, module: "dummy", outcome: worker.OutcomeFailed, reason: worker.ReasonOther, image: WrongKernelRepo, message: "Exec format error", stderr: "could not insert 'dummy'"},
+	"load":         {action: contract.ActionLoad, module: "dummy", outcome: contract.OutcomeSucceeded, image: ImageRepo},
+	"unload":       {action: contract.ActionUnload, module: "dummy", outcome: contract.OutcomeSucceeded, image: ImageRepo, fromCache: true},
+	"intree":       {action: contract.ActionLoad, module: "macvtap", outcome: contract.OutcomeSucceeded, image: ImageRepo},
+	"busy":         {action: contract.ActionUnload, module: "macvlan", outcome: contract.OutcomeFailed, reason: contract.ReasonBusy, image: ImageRepo, fromCache: true, message: "is in use", stderr: "Module macvlan is in use"},
+	"unload-deps":  {action: contract.ActionUnload, module: "macvtap", outcome: contract.OutcomeSucceeded, image: ImageRepo, fromCache: true},
+	"order-load":   {action: contract.ActionLoad, module: "dummy", outcome: contract.OutcomeSucceeded, image: ImageRepo, fromCache: true},
+	"order-unload": {action: contract.ActionUnload, module: "dummy", outcome: contract.OutcomeSucceeded, image: ImageRepo, fromCache: true},
+	"not-found":    {action: contract.ActionLoad, module: "kmm_absent", outcome: contract.OutcomeFailed, reason: contract.ReasonNotFound, image: ImageRepo, fromCache: true, stderr: "not found"},
+	"wrong-kernel": {action: contract.ActionLoad, module: "dummy", outcome: contract.OutcomeFailed, reason: contract.ReasonOther, image: WrongKernelRepo, message: "Exec format error", stderr: "could not insert 'dummy'"},
 }
 
 // TestWorkerInVM boots the current Debian cloud kernel under qemu with the real worker binary in
@@ -113,7 +113,7 @@ func checkResults(t *testing.T, s serial, k kernel, digest map[string]string) {
 			t.Errorf("step %s: no %s line", step, KindResult)
 			continue
 		}
-		res, err := worker.ParseResult([]byte(raw))
+		res, err := contract.ParseResult([]byte(raw))
 		if err != nil {
 			t.Errorf("step %s: %v: %s", step, err, raw)
 			continue
@@ -129,7 +129,7 @@ func checkResults(t *testing.T, s serial, k kernel, digest map[string]string) {
 }
 
 // checkResult compares one result with what the step should give.
-func checkResult(t *testing.T, step string, res worker.Result, want wantResult, k kernel, digest string) {
+func checkResult(t *testing.T, step string, res contract.Result, want wantResult, k kernel, digest string) {
 	t.Helper()
 	got := wantResult{action: res.Action, module: res.KernelModule, outcome: res.Outcome, reason: res.Reason, image: res.ImageDigest, fromCache: res.FromCache}
 	exp := want

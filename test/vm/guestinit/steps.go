@@ -6,8 +6,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/test/vm"
-	"github.com/kmm-project/kmm/worker"
 )
 
 // The real modules of the guest kernel that the steps use. macvtap depends on macvlan and tap;
@@ -22,8 +22,8 @@ const (
 // testModules are all modules the steps load; none is loaded at boot or after the last step.
 var testModules = []string{dummy, macvtap, macvlan, tap}
 
-// firmwareHostDir is where the worker installs firmware (worker.DefaultFirmwareHostPath).
-const firmwareHostDir = worker.DefaultFirmwareHostPath
+// firmwareHostDir is where the worker installs firmware (contract.DefaultFirmwareHostPath).
+const firmwareHostDir = contract.DefaultFirmwareHostPath
 
 // step is one part of the scenario; steps run in order in one boot and each leaves the kernel as
 // the next one expects.
@@ -58,8 +58,8 @@ func stepBoot(g *guest) {
 }
 
 // dummyConfig loads dummy with a parameter and the image's firmware.
-func (g *guest) dummyConfig() worker.Config {
-	return g.config(vm.ImageRepo, dummy, func(c *worker.Config) {
+func (g *guest) dummyConfig() contract.Config {
+	return g.config(vm.ImageRepo, dummy, func(c *contract.Config) {
 		c.Config.Modprobe.Parameters = []string{"numdummies=3"}
 		c.Config.Modprobe.FirmwarePath = vm.FirmwareDir
 		c.SetFirmwareClassPath = true
@@ -69,8 +69,8 @@ func (g *guest) dummyConfig() worker.Config {
 // stepLoad loads dummy with numdummies=3 and firmware.
 func stepLoad(g *guest) {
 	const s = "load"
-	run := g.runWorker(s, worker.ActionLoad, g.dummyConfig())
-	g.checkRun(s, run, worker.OutcomeSucceeded, "")
+	run := g.runWorker(s, contract.ActionLoad, g.dummyConfig())
+	g.checkRun(s, run, contract.OutcomeSucceeded, "")
 	g.r.check(s, "loaded", allIn("live", dummy), "%s", statesOf(dummy))
 	// numdummies is not in sysfs (permission 0); its effect is: dummy0..dummy2 exist, dummy3 not.
 	g.r.check(s, "parameters", exists("/sys/class/net/dummy2") && !exists("/sys/class/net/dummy3"),
@@ -84,8 +84,8 @@ func stepLoad(g *guest) {
 // stepUnload unloads dummy again, which also removes its firmware.
 func stepUnload(g *guest) {
 	const s = "unload"
-	run := g.runWorker(s, worker.ActionUnload, g.dummyConfig())
-	g.checkRun(s, run, worker.OutcomeSucceeded, "")
+	run := g.runWorker(s, contract.ActionUnload, g.dummyConfig())
+	g.checkRun(s, run, contract.OutcomeSucceeded, "")
 	g.r.check(s, "unloaded", allIn("absent", dummy), "%s", statesOf(dummy))
 	fw := filepath.Join(firmwareHostDir, vm.FirmwareName)
 	g.r.check(s, "firmware-removed", !exists(fw), "%s exists %t", fw, exists(fw))
@@ -98,10 +98,10 @@ func stepInTree(g *guest) {
 	out, err := exec.Command(vm.Modprobe, "-v", dummy).CombinedOutput() // #nosec G204 -- fixed argv
 	g.r.check(s, "preloaded", err == nil && allIn("live", dummy), "modprobe -v dummy from /lib/modules: %v %s; %s",
 		err, strings.TrimSpace(string(out)), statesOf(dummy))
-	run := g.runWorker(s, worker.ActionLoad, g.config(vm.ImageRepo, macvtap, func(c *worker.Config) {
+	run := g.runWorker(s, contract.ActionLoad, g.config(vm.ImageRepo, macvtap, func(c *contract.Config) {
 		c.Config.InTreeModulesToRemove = []string{dummy}
 	}))
-	g.checkRun(s, run, worker.OutcomeSucceeded, "")
+	g.checkRun(s, run, contract.OutcomeSucceeded, "")
 	g.r.check(s, "in-tree-removed", allIn("absent", dummy), "%s", statesOf(dummy))
 	g.r.check(s, "loaded-with-deps", allIn("live", macvtap, macvlan, tap), "%s", statesOf(macvtap, macvlan, tap))
 	msgs := logMessages(run.log)
@@ -114,8 +114,8 @@ func stepInTree(g *guest) {
 // stepBusy asks the worker to unload macvlan while macvtap uses it.
 func stepBusy(g *guest) {
 	const s = "busy"
-	run := g.runWorker(s, worker.ActionUnload, g.config(vm.ImageRepo, macvlan))
-	g.checkRun(s, run, worker.OutcomeFailed, worker.ReasonBusy)
+	run := g.runWorker(s, contract.ActionUnload, g.config(vm.ImageRepo, macvlan))
+	g.checkRun(s, run, contract.OutcomeFailed, contract.ReasonBusy)
 	g.r.check(s, "stderr", strings.Contains(run.res.Stderr, "in use"), "modprobe stderr: %q", run.res.Stderr)
 	g.r.check(s, "still-loaded", allIn("live", macvtap, macvlan, tap), "%s", statesOf(macvtap, macvlan, tap))
 }
@@ -123,15 +123,15 @@ func stepBusy(g *guest) {
 // stepUnloadDeps unloads macvtap, which removes its now unused dependencies too.
 func stepUnloadDeps(g *guest) {
 	const s = "unload-deps"
-	run := g.runWorker(s, worker.ActionUnload, g.config(vm.ImageRepo, macvtap))
-	g.checkRun(s, run, worker.OutcomeSucceeded, "")
+	run := g.runWorker(s, contract.ActionUnload, g.config(vm.ImageRepo, macvtap))
+	g.checkRun(s, run, contract.OutcomeSucceeded, "")
 	g.r.check(s, "unloaded-with-deps", allIn("absent", macvtap, macvlan, tap), "%s", statesOf(macvtap, macvlan, tap))
 }
 
 // orderConfig loads dummy with modulesLoadingOrder [dummy, tap, macvlan]: macvlan, then tap,
 // then dummy, although none of them depends on another.
-func (g *guest) orderConfig() worker.Config {
-	return g.config(vm.ImageRepo, dummy, func(c *worker.Config) {
+func (g *guest) orderConfig() contract.Config {
+	return g.config(vm.ImageRepo, dummy, func(c *contract.Config) {
 		c.Config.Modprobe.ModulesLoadingOrder = []string{dummy, tap, macvlan}
 	})
 }
@@ -139,8 +139,8 @@ func (g *guest) orderConfig() worker.Config {
 // stepOrderLoad checks that modulesLoadingOrder decides what loads and in which order.
 func stepOrderLoad(g *guest) {
 	const s = "order-load"
-	run := g.runWorker(s, worker.ActionLoad, g.orderConfig())
-	g.checkRun(s, run, worker.OutcomeSucceeded, "")
+	run := g.runWorker(s, contract.ActionLoad, g.orderConfig())
+	g.checkRun(s, run, contract.OutcomeSucceeded, "")
 	g.r.check(s, "loaded", allIn("live", dummy, tap, macvlan), "%s", statesOf(dummy, tap, macvlan))
 	// /proc/modules lists the most recently loaded module first.
 	mods := loadedModules()
@@ -167,23 +167,23 @@ func insmodOrder(msgs []string) []string {
 // stepOrderUnload unloads the whole modulesLoadingOrder.
 func stepOrderUnload(g *guest) {
 	const s = "order-unload"
-	run := g.runWorker(s, worker.ActionUnload, g.orderConfig())
-	g.checkRun(s, run, worker.OutcomeSucceeded, "")
+	run := g.runWorker(s, contract.ActionUnload, g.orderConfig())
+	g.checkRun(s, run, contract.OutcomeSucceeded, "")
 	g.r.check(s, "unloaded", allIn("absent", dummy, tap, macvlan), "%s", statesOf(dummy, tap, macvlan))
 }
 
 // stepNotFound loads a module the image does not have.
 func stepNotFound(g *guest) {
 	const s = "not-found"
-	run := g.runWorker(s, worker.ActionLoad, g.config(vm.ImageRepo, "kmm_absent"))
-	g.checkRun(s, run, worker.OutcomeFailed, worker.ReasonNotFound)
+	run := g.runWorker(s, contract.ActionLoad, g.config(vm.ImageRepo, "kmm_absent"))
+	g.checkRun(s, run, contract.OutcomeFailed, contract.ReasonNotFound)
 }
 
 // stepWrongKernel loads a dummy.ko whose symbol CRCs belong to another kernel build.
 func stepWrongKernel(g *guest) {
 	const s = "wrong-kernel"
-	run := g.runWorker(s, worker.ActionLoad, g.config(vm.WrongKernelRepo, dummy))
-	g.checkRun(s, run, worker.OutcomeFailed, worker.ReasonOther)
+	run := g.runWorker(s, contract.ActionLoad, g.config(vm.WrongKernelRepo, dummy))
+	g.checkRun(s, run, contract.OutcomeFailed, contract.ReasonOther)
 	g.r.check(s, "rejected", strings.Contains(run.res.Message, "Exec format error"), "message: %s", run.res.Message)
 	line := kernelLogLine("disagrees about version of symbol")
 	g.r.check(s, "kernel-log", strings.Contains(line, "dummy: disagrees about version of symbol module_layout"), "kernel: %q", line)

@@ -13,8 +13,8 @@ import (
 	"time"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/test/vm"
-	"github.com/kmm-project/kmm/worker"
 )
 
 // Directories of the worker runs in the guest.
@@ -29,7 +29,7 @@ const workerTimeout = 60 * time.Second
 
 // workerRun is what one run of the worker binary gave.
 type workerRun struct {
-	res  worker.Result
+	res  contract.Result
 	code int
 	// log is the worker's standard error: its JSON log lines.
 	log string
@@ -37,8 +37,8 @@ type workerRun struct {
 }
 
 // config returns a worker config for moduleName from the image repoTag of the layout.
-func (g *guest) config(repoTag, moduleName string, mutate ...func(*worker.Config)) worker.Config {
-	cfg := worker.Config{
+func (g *guest) config(repoTag, moduleName string, mutate ...func(*contract.Config)) contract.Config {
+	cfg := contract.Config{
 		Namespace: "kmm-vm",
 		Name:      moduleName,
 		Config: kmmv1beta1.ModuleConfig{
@@ -55,7 +55,7 @@ func (g *guest) config(repoTag, moduleName string, mutate ...func(*worker.Config
 
 // runWorker runs `worker <action>` for cfg on the real node (host root /, no dry run), prints its
 // log and its result, and returns them.
-func (g *guest) runWorker(step string, action worker.Action, cfg worker.Config) workerRun {
+func (g *guest) runWorker(step string, action contract.Action, cfg contract.Config) workerRun {
 	var out workerRun
 	if err := os.MkdirAll(runDir, 0o750); err != nil {
 		out.err = err
@@ -100,15 +100,15 @@ func (g *guest) runWorker(step string, action worker.Action, cfg worker.Config) 
 		return out
 	}
 	g.r.result(step, raw)
-	out.res, out.err = worker.ParseResult(raw)
+	out.res, out.err = contract.ParseResult(raw)
 	return out
 }
 
 // checkRun checks that a run gave the wanted outcome (and reason, for failures), with the exit
 // status that goes with it.
-func (g *guest) checkRun(step string, run workerRun, outcome worker.Outcome, reason worker.Reason) bool {
+func (g *guest) checkRun(step string, run workerRun, outcome contract.Outcome, reason contract.Reason) bool {
 	wantCode := 0
-	if outcome == worker.OutcomeFailed {
+	if outcome == contract.OutcomeFailed {
 		wantCode = 1
 	}
 	ok := run.err == nil && run.res.Outcome == outcome && run.res.Reason == reason && run.code == wantCode &&

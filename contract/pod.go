@@ -1,4 +1,6 @@
-package worker
+package contract
+
+import "time"
 
 // The worker pod contract between the NMC controller (which creates worker pods) and whatever runs
 // them: a real kubelet with this binary, or the test node agent. A worker pod carries these labels
@@ -34,3 +36,9 @@ const (
 // PodNodeNameField is the cache index of kmm's pods by the node they are bound to: the NMC
 // controller registers it, the version label controller of the same manager uses it too.
 const PodNodeNameField = "spec.nodeName"
+
+// DefaultTimeout bounds a whole worker run: pull, extraction, firmware and modprobe. The operator
+// passes it as the worker's --timeout (also the worker's default) and sets the worker pod's
+// activeDeadlineSeconds from it plus a margin, so that the worker reports a timed-out Result itself
+// before the kubelet kills the pod.
+const DefaultTimeout = 4 * time.Minute

@@ -1,8 +1,6 @@
-package worker
+package contract
 
 import (
-	"errors"
-	"fmt"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -79,22 +77,5 @@ func TestParseResultRejects(t *testing.T) {
 	}
 	if _, err := ParseResult([]byte(`{"action":"load","namespace":"n","name":"m","outcome":"Succeeded","newField":1}`)); err != nil {
 		t.Errorf("unknown fields must be ignored for forward compatibility: %v", err)
-	}
-}
-
-func TestReasonOf(t *testing.T) {
-	inner := &Error{Reason: ReasonBusy, Err: errors.New("in use"), Stderr: "FATAL"}
-	wrapped := fmt.Errorf("unloading: %w", inner)
-	if ReasonOf(wrapped) != ReasonBusy || stderrOf(wrapped) != "FATAL" {
-		t.Errorf("wrapped classified error lost its class or stderr")
-	}
-	if ReasonOf(errors.New("plain")) != ReasonOther {
-		t.Errorf("an unclassified error is Other")
-	}
-	if got := ReasonOf(classified(ReasonImagePull, wrapped)); got != ReasonBusy {
-		t.Errorf("classified must not override an existing class, got %s", got)
-	}
-	if classified(ReasonOther, nil) != nil {
-		t.Errorf("classified(nil) must be nil")
 	}
 }
