@@ -19,7 +19,6 @@ import (
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/fsm"
-	"github.com/kmm-project/kmm/internal/semantic"
 )
 
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;delete;patch
@@ -52,7 +51,7 @@ func drainPolicies(modules []kmmv1beta1.Module) map[string]*kmmv1beta1.DrainSpec
 func (r *NMCReconciler) drainFacts(ctx context.Context, f *nodeFacts, key string, facts *fsm.Facts) (fsm.DrainFacts, error) {
 	policy := f.drains[key]
 	out := fsm.DrainFacts{Policy: policy, NodeCordoned: f.node.Spec.Unschedulable}
-	if policy == nil || !mayDrain(facts) {
+	if policy == nil || !facts.MayDrain() {
 		return out, nil
 	}
 	sel := labels.Everything()
@@ -81,18 +80,6 @@ func (r *NMCReconciler) drainFacts(ctx context.Context, f *nodeFacts, key string
 			PDBProtected: protected(p, pdbs), Terminating: p.DeletionTimestamp != nil, Finalizers: len(p.Finalizers) > 0})
 	}
 	return out, nil
-}
-
-// mayDrain says whether a pair is draining or about to: workloads are read only then.
-func mayDrain(f *fsm.Facts) bool {
-	st := f.Status
-	if st.State == fsm.DevicePluginDraining {
-		return true
-	}
-	if st.State != fsm.Loaded || st.Config == nil {
-		return false
-	}
-	return f.Node.UpgradeTarget != "" || f.Spec == nil || !semantic.Equal(&f.Spec.Config, st.Config)
 }
 
 func (r *NMCReconciler) pdbsFor(ctx context.Context, pods []corev1.Pod) ([]policyv1.PodDisruptionBudget, error) {

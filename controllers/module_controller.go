@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -44,6 +45,15 @@ const ModuleFinalizer = "kmm.sigs.x-k8s.io/unload"
 type ModuleReconciler struct {
 	Client   client.Client
 	Recorder events.EventRecorder
+	// Clock gives the conditions' transition times; nil means the real clock.
+	Clock clock.PassiveClock
+}
+
+func (r *ModuleReconciler) clock() clock.PassiveClock {
+	if r.Clock == nil {
+		return clock.RealClock{}
+	}
+	return r.Clock
 }
 
 // SetupWithManager registers the controller: Modules, the Nodes their selectors match (label and
@@ -226,7 +236,7 @@ func (r *ModuleReconciler) syncSpecs(ctx context.Context, s *moduleScope, log lo
 	for i := range s.nodes {
 		n := &s.nodes[i]
 		d := s.decisions[n.Name]
-		current := specEntry(s.nmcs[n.Name], s.module.Namespace, s.module.Name)
+		current := s.nmcs[n.Name].SpecEntry(s.module.Namespace, s.module.Name)
 		switch {
 		case d.Action == fsm.SpecUpdate && (current == nil || !semantic.Equal(current, d.Entry)):
 			log.Info("Writing NMC spec entry", "node", n.Name, "image", d.Entry.Config.ContainerImage, "kernel", d.Entry.Config.KernelVersion)
@@ -253,18 +263,6 @@ func runConcurrently(fns []func() error, n int) error {
 	}
 	wg.Wait()
 	return errors.Join(errs...)
-}
-
-func specEntry(nmc *kmmv1beta1.NodeModulesConfig, ns, name string) *kmmv1beta1.NodeModuleSpec {
-	if nmc == nil {
-		return nil
-	}
-	for i := range nmc.Spec.Modules {
-		if e := &nmc.Spec.Modules[i]; e.Namespace == ns && e.Name == name {
-			return e
-		}
-	}
-	return nil
 }
 
 // applyEntry server-side-applies the Module's entry (nil: none) to the node's NMC with a field
@@ -308,20 +306,11 @@ func (r *ModuleReconciler) releaseWhenUnloaded(ctx context.Context, s *moduleSco
 		return nil
 	}
 	for _, nmc := range s.nmcs {
-		if specEntry(nmc, m.Namespace, m.Name) != nil || statusEntry(nmc, m.Namespace, m.Name) != nil {
+		if nmc.SpecEntry(m.Namespace, m.Name) != nil || nmc.StatusEntry(m.Namespace, m.Name) != nil {
 			return nil
 		}
 	}
 	log.Info("Every node unloaded the module: releasing the Module")
 	controllerutil.RemoveFinalizer(m, ModuleFinalizer)
 	return client.IgnoreNotFound(r.Client.Update(ctx, m))
-}
-
-func statusEntry(nmc *kmmv1beta1.NodeModulesConfig, ns, name string) *kmmv1beta1.NodeModuleStatus {
-	for i := range nmc.Status.Modules {
-		if st := &nmc.Status.Modules[i]; st.Namespace == ns && st.Name == name {
-			return st
-		}
-	}
-	return nil
 }

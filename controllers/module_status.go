@@ -25,7 +25,7 @@ func (r *ModuleReconciler) writeStatus(ctx context.Context, s *moduleScope) erro
 	if err := r.Client.List(ctx, dsList, client.InNamespace(m.Namespace), client.MatchingLabels(devicePluginLabels(m))); err != nil {
 		return err
 	}
-	next := computeModuleStatus(s, dsList.Items)
+	next := computeModuleStatus(s, dsList.Items, metav1.NewTime(r.clock().Now()))
 	for state, n := range next.NodesByState {
 		pairsByState.WithLabelValues(m.Namespace, m.Name, string(state)).Set(float64(n))
 	}
@@ -79,8 +79,9 @@ func moduleEvent(prev, next []metav1.Condition) (kubeEvent, bool) {
 	return now, true
 }
 
-// computeModuleStatus is pure: upstream's counters, nodes per state, and the three conditions.
-func computeModuleStatus(s *moduleScope, daemonSets []appsv1.DaemonSet) kmmv1beta1.ModuleStatus {
+// computeModuleStatus is pure: upstream's counters, nodes per state, and the three conditions (now
+// is their transition time; writeStatus keeps the old one for a condition that did not change).
+func computeModuleStatus(s *moduleScope, daemonSets []appsv1.DaemonSet, now metav1.Time) kmmv1beta1.ModuleStatus {
 	m := s.module
 	st := kmmv1beta1.ModuleStatus{ObservedGeneration: m.Generation, NodesByState: map[kmmv1beta1.ModuleState]int32{}}
 	var noMapping, failing []string
@@ -99,7 +100,7 @@ func computeModuleStatus(s *moduleScope, daemonSets []appsv1.DaemonSet) kmmv1bet
 		st.ModuleLoader.DesiredNumber += desired
 		st.ModuleLoader.AvailableNumber += available
 		if state == kmmv1beta1.StateLoadBackOff || state == kmmv1beta1.StateUnloadBackOff {
-			e := statusEntry(s.nmcs[n.Name], m.Namespace, m.Name)
+			e := s.nmcs[n.Name].StatusEntry(m.Namespace, m.Name)
 			failing = append(failing, fmt.Sprintf("%s (%s: %s)", n.Name, e.Reason, e.Message))
 		}
 	}
@@ -109,7 +110,7 @@ func computeModuleStatus(s *moduleScope, daemonSets []appsv1.DaemonSet) kmmv1bet
 		st.DevicePlugin.AvailableNumber += ds.Status.NumberAvailable
 	}
 	problem := moduleProblem{invalid: s.invalid, refused: s.refused}
-	st.Conditions = moduleConditions(problem, st.ModuleLoader, noMapping, failing, m.Generation)
+	st.Conditions = moduleConditions(problem, st.ModuleLoader, noMapping, failing, m.Generation, now)
 	return st
 }
 
@@ -119,7 +120,7 @@ func pairCounts(nmc *kmmv1beta1.NodeModulesConfig, m *kmmv1beta1.Module) (kmmv1b
 	if nmc == nil {
 		return kmmv1beta1.StateAbsent, 0, 0
 	}
-	spec, ps := specEntry(nmc, m.Namespace, m.Name), statusEntry(nmc, m.Namespace, m.Name)
+	spec, ps := nmc.SpecEntry(m.Namespace, m.Name), nmc.StatusEntry(m.Namespace, m.Name)
 	var desired, available int32
 	if spec != nil {
 		desired = 1
@@ -139,14 +140,16 @@ type moduleProblem struct {
 	refused string
 }
 
-func moduleConditions(problem moduleProblem, loader kmmv1beta1.DaemonSetStatus, noMapping, failing []string, gen int64) []metav1.Condition {
+// moduleConditions derives Ready, Progressing and Degraded (see api/v1beta1/conditions.go) from what
+// is wrong with the Module, its counters and the nodes with no mapping or a failing worker.
+func moduleConditions(problem moduleProblem, loader kmmv1beta1.DaemonSetStatus, noMapping, failing []string, gen int64, now metav1.Time) []metav1.Condition {
 	invalid := problem.invalid
 	cond := func(t string, ok bool, reason, msg string) metav1.Condition {
 		status := metav1.ConditionFalse
 		if ok {
 			status = metav1.ConditionTrue
 		}
-		return metav1.Condition{Type: t, Status: status, Reason: reason, Message: msg, ObservedGeneration: gen, LastTransitionTime: metav1.Now()}
+		return metav1.Condition{Type: t, Status: status, Reason: reason, Message: msg, ObservedGeneration: gen, LastTransitionTime: now}
 	}
 	allLoaded := loader.AvailableNumber == loader.DesiredNumber && len(failing) == 0
 	ready := cond(kmmv1beta1.ConditionReady, allLoaded && invalid == "", kmmv1beta1.ReasonAllLoaded,

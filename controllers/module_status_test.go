@@ -1,9 +1,12 @@
 package controllers
 
 import (
+	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
@@ -47,6 +50,59 @@ func TestModuleEventOnlyWhenTheSummaryChanges(t *testing.T) {
 				t.Errorf("got Event %+v, want none", got)
 			case tt.want != nil && (!ok || got != *tt.want):
 				t.Errorf("got %+v (emitted %v), want %+v", got, ok, *tt.want)
+			}
+		})
+	}
+}
+
+func TestModuleConditions(t *testing.T) {
+	now := metav1.NewTime(time.Date(2026, 11, 26, 8, 0, 0, 0, time.UTC))
+	f, tr := metav1.ConditionFalse, metav1.ConditionTrue
+	loaded := func(avail, desired int32) kmmv1beta1.DaemonSetStatus {
+		return kmmv1beta1.DaemonSetStatus{AvailableNumber: avail, DesiredNumber: desired}
+	}
+	type want struct {
+		ready, progressing, degraded       metav1.ConditionStatus
+		readyReason, degradedReason, inMsg string
+	}
+	tests := []struct {
+		name      string
+		problem   moduleProblem
+		loader    kmmv1beta1.DaemonSetStatus
+		noMapping []string
+		failing   []string
+		want      want
+	}{
+		{"all loaded", moduleProblem{}, loaded(3, 3), nil, nil,
+			want{tr, f, f, kmmv1beta1.ReasonAllLoaded, kmmv1beta1.ReasonAsExpected, ""}},
+		{"loading", moduleProblem{}, loaded(1, 3), nil, nil,
+			want{f, tr, f, kmmv1beta1.ReasonInProgress, kmmv1beta1.ReasonAsExpected, ""}},
+		{"a worker failing", moduleProblem{}, loaded(2, 3), nil, []string{"node-2 (ImagePull: x)"},
+			want{f, f, tr, kmmv1beta1.ReasonWorkerFailing, kmmv1beta1.ReasonWorkerFailing, "node-2 (ImagePull: x)"}},
+		{"no mapping on a node, the rest loaded", moduleProblem{}, loaded(2, 2), []string{"node-9"}, nil,
+			want{tr, f, tr, kmmv1beta1.ReasonAllLoaded, kmmv1beta1.ReasonNoKernelMapping, "node-9"}},
+		{"an object refused", moduleProblem{refused: "daemonsets.apps is invalid"}, loaded(2, 2), nil, nil,
+			want{tr, f, tr, kmmv1beta1.ReasonAllLoaded, kmmv1beta1.ReasonObjectRefused, "is invalid"}},
+		{"invalid wins over everything", moduleProblem{invalid: "spec.selector: Required", refused: "x"}, loaded(0, 3), []string{"n"}, []string{"m"},
+			want{f, f, tr, kmmv1beta1.ReasonInvalidSpec, kmmv1beta1.ReasonInvalidSpec, "spec.selector"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := moduleConditions(tt.problem, tt.loader, tt.noMapping, tt.failing, 7, now)
+			r := meta.FindStatusCondition(got, kmmv1beta1.ConditionReady)
+			p := meta.FindStatusCondition(got, kmmv1beta1.ConditionProgressing)
+			d := meta.FindStatusCondition(got, kmmv1beta1.ConditionDegraded)
+			if r == nil || p == nil || d == nil {
+				t.Fatalf("conditions %+v", got)
+			}
+			if r.Status != tt.want.ready || p.Status != tt.want.progressing || d.Status != tt.want.degraded ||
+				r.Reason != tt.want.readyReason || d.Reason != tt.want.degradedReason || !strings.Contains(d.Message, tt.want.inMsg) {
+				t.Errorf("Ready %s/%s Progressing %s Degraded %s/%s %q; want %+v", r.Status, r.Reason, p.Status, d.Status, d.Reason, d.Message, tt.want)
+			}
+			for _, c := range got {
+				if !c.LastTransitionTime.Equal(&now) || c.ObservedGeneration != 7 {
+					t.Errorf("%s: time %v generation %d, want the injected time and 7", c.Type, c.LastTransitionTime, c.ObservedGeneration)
+				}
 			}
 		})
 	}

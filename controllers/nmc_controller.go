@@ -231,15 +231,9 @@ func (r *NMCReconciler) pairFacts(f *nodeFacts, key string, node fsm.Node, now t
 	if rf, ok := f.refused[key]; ok {
 		facts.CreateRefused = &rf
 	}
-	for i := range f.nmc.Spec.Modules {
-		if e := &f.nmc.Spec.Modules[i]; e.Namespace == ns && e.Name == name {
-			facts.Spec = e
-		}
-	}
-	for _, st := range f.nmc.Status.Modules {
-		if st.Namespace == ns && st.Name == name {
-			facts.Status = st
-		}
+	facts.Spec = f.nmc.SpecEntry(ns, name)
+	if st := f.nmc.StatusEntry(ns, name); st != nil {
+		facts.Status = *st
 	}
 	if f.modulesSet[key] {
 		facts.Node.UpgradeTarget = f.node.Labels[kmmv1beta1.ModuleVersionLabel(ns, name)]

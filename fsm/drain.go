@@ -83,6 +83,20 @@ func ignored(policy *kmmv1beta1.DrainSpec, namespace string) bool {
 	return false
 }
 
+// MayDrain says whether the pair is draining or may start to in this step (Loaded with an upgrade
+// requested or a spec that no longer equals the loaded config): the reconciler reads the node's
+// workload pods, an API call, only then.
+func (f *Facts) MayDrain() bool {
+	st := f.Status
+	if st.State == DevicePluginDraining {
+		return true
+	}
+	if st.State != Loaded || st.Config == nil {
+		return false
+	}
+	return f.Node.UpgradeTarget != "" || f.needsUnload()
+}
+
 // uncordonPending says whether a finished drain's cordon is still on the node.
 func uncordonPending(st *kmmv1beta1.NodeModuleStatus, f *Facts) bool {
 	return (st.State == Loaded || st.State == Absent) && st.Drain != nil && st.Drain.CordonedByKMM && !f.Node.Schedulable

@@ -146,3 +146,35 @@ func TestNewUpgradeWhileTheCordonIsPendingStartsAFreshDrain(t *testing.T) {
 		t.Fatalf("drain %+v: want a fresh start at %v that remembers kmm's cordon", d, t0)
 	}
 }
+
+func TestMayDrain(t *testing.T) {
+	cfg := kmmv1beta1.ModuleConfig{KernelVersion: "k", ContainerImage: "r/m:v1", Version: "v1"}
+	other := cfg
+	other.ContainerImage = "r/m:v2"
+	tests := []struct {
+		name   string
+		state  State
+		spec   *kmmv1beta1.ModuleConfig
+		target string
+		want   bool
+	}{
+		{"draining", DevicePluginDraining, &cfg, "", true},
+		{"loaded, nothing asked", Loaded, &cfg, "", false},
+		{"loaded, upgrade asked", Loaded, &cfg, "v2", true},
+		{"loaded, spec changed", Loaded, &other, "", true},
+		{"loaded, spec removed", Loaded, nil, "", true},
+		{"loading", Loading, &other, "v2", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			loaded := cfg
+			f := &Facts{Status: kmmv1beta1.NodeModuleStatus{State: tt.state, Config: &loaded}, Node: Node{UpgradeTarget: tt.target}}
+			if tt.spec != nil {
+				f.Spec = &kmmv1beta1.NodeModuleSpec{Config: *tt.spec}
+			}
+			if got := f.MayDrain(); got != tt.want {
+				t.Errorf("MayDrain() = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}

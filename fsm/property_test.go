@@ -63,12 +63,12 @@ func TestModelInvariants(t *testing.T) {
 // TestSeededFaultsAreCaught runs the property test against deliberately broken controllers and
 // requires rapid to find a counterexample naming the invariant each one breaks.
 func TestSeededFaultsAreCaught(t *testing.T) {
-	setFlag(t, "rapid.nofailfile", "true")
-	setFlag(t, "rapid.shrinktime", "3s")
+	rapidtb.SetFlag(t, "rapid.nofailfile", "true")
+	rapidtb.SetFlag(t, "rapid.shrinktime", "3s")
 	// Each fault needs a particular interleaving; search long enough to find it every time (rapid
 	// stops at the first counterexample, so this costs little).
 	if checks, _ := strconv.Atoi(flag.Lookup("rapid.checks").Value.String()); checks < 3000 {
-		setFlag(t, "rapid.checks", "3000")
+		rapidtb.SetFlag(t, "rapid.checks", "3000")
 	}
 	cases := []struct {
 		name      string
@@ -123,19 +123,6 @@ func TestBackOffPropertyCatchesTheRetryStorm(t *testing.T) {
 			t.Errorf("fault %v: back-off violation found %v; violations %v; %s", fault, caught, w.violations, w.describe())
 		}
 	}
-}
-
-func setFlag(t *testing.T, name, value string) {
-	t.Helper()
-	f := flag.Lookup(name)
-	if f == nil {
-		t.Fatalf("no flag %s", name)
-	}
-	old := f.Value.String()
-	if err := flag.Set(name, value); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = flag.Set(name, old) })
 }
 
 // FuzzModel runs the same property as TestModelInvariants from fuzzer-chosen inputs.

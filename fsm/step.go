@@ -3,7 +3,6 @@ package fsm
 import (
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
@@ -157,17 +156,6 @@ func recordUnloaded(st *kmmv1beta1.NodeModuleStatus, f *Facts) {
 	now := metav1.NewTime(f.Now)
 	st.LastWorkerTime = &now
 	st.Attempts = 0
-}
-
-func copyTolerations(in []corev1.Toleration) []corev1.Toleration {
-	if in == nil {
-		return nil
-	}
-	out := make([]corev1.Toleration, len(in))
-	for i := range in {
-		in[i].DeepCopyInto(&out[i])
-	}
-	return out
 }
 
 // reasonFor is the status reason of a transition: the failure class for a failure (so that

@@ -142,10 +142,8 @@ func setPatch(patch map[string]any, key, before, after string) {
 // observe reads the pair's loaded version and state, and whether its device plugin pod is on the node.
 func observe(nmc *kmmv1beta1.NodeModulesConfig, pods []corev1.Pod, node string, m *kmmv1beta1.Module) Observed {
 	var o Observed
-	for _, st := range nmc.Status.Modules {
-		if st.Namespace == m.Namespace && st.Name == m.Name && st.Config != nil {
-			o.LoadedVersion, o.Loaded = st.Config.Version, st.State == kmmv1beta1.StateLoaded
-		}
+	if st := nmc.StatusEntry(m.Namespace, m.Name); st != nil && st.Config != nil {
+		o.LoadedVersion, o.Loaded = st.Config.Version, st.State == kmmv1beta1.StateLoaded
 	}
 	for _, p := range pods {
 		if p.Spec.NodeName == node && p.Labels[contract.LabelDevicePlugin] != "" &&

@@ -137,12 +137,10 @@ func (r *RolloutReconciler) gather(ctx context.Context, m *kmmv1beta1.Module) (R
 		if err := r.Client.Get(ctx, client.ObjectKey{Name: n.Name}, nmc); client.IgnoreNotFound(err) != nil {
 			return RolloutInput{}, err
 		}
-		for _, st := range nmc.Status.Modules {
-			if st.Namespace == m.Namespace && st.Name == m.Name {
-				rn.State = st.State
-				if st.Config != nil {
-					rn.LoadedVersion = st.Config.Version
-				}
+		if st := nmc.StatusEntry(m.Namespace, m.Name); st != nil {
+			rn.State = st.State
+			if st.Config != nil {
+				rn.LoadedVersion = st.Config.Version
 			}
 		}
 		in.Nodes = append(in.Nodes, rn)

@@ -502,8 +502,8 @@ func namesOneOf(msg string, invariants []string) bool {
 // TestRolloutSeededFaultsAreCaught requires rapid to find a counterexample for each broken
 // variant, failing on the invariant the variant breaks.
 func TestRolloutSeededFaultsAreCaught(t *testing.T) {
-	setRapidFlag(t, "rapid.nofailfile", "true")
-	setRapidFlag(t, "rapid.shrinktime", "3s")
+	rapidtb.SetFlag(t, "rapid.nofailfile", "true")
+	rapidtb.SetFlag(t, "rapid.shrinktime", "3s")
 	for _, tc := range rolloutFaultCases {
 		t.Run(tc.name, func(t *testing.T) {
 			rec := rapidtb.New(t)
@@ -537,17 +537,4 @@ func TestRolloutSeededSimulationCatchesFaults(t *testing.T) {
 			t.Fatalf("no seed caught the fault %q", tc.name)
 		})
 	}
-}
-
-func setRapidFlag(t *testing.T, name, value string) {
-	t.Helper()
-	f := flag.Lookup(name)
-	if f == nil {
-		t.Fatalf("no flag %s", name)
-	}
-	old := f.Value.String()
-	if err := flag.Set(name, value); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = flag.Set(name, old) })
 }

@@ -224,12 +224,7 @@ func (d *demo) pair(n string) *kmmv1beta1.NodeModuleStatus {
 	if err := d.k8s.Get(context.Background(), client.ObjectKey{Name: n}, nmc); err != nil {
 		return nil
 	}
-	for i := range nmc.Status.Modules {
-		if st := &nmc.Status.Modules[i]; st.Name == demoModule && st.Namespace == demoNamespace {
-			return st
-		}
-	}
-	return nil
+	return nmc.StatusEntry(demoNamespace, demoModule)
 }
 
 // transitions is the pair's recent path, e.g. "Loaded -> DevicePluginDraining -> ... -> Loaded".

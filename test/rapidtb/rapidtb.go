@@ -3,6 +3,7 @@
 package rapidtb
 
 import (
+	"flag"
 	"fmt"
 	"strings"
 	"testing"
@@ -51,4 +52,18 @@ func (r *Recorder) Messages() string { return strings.Join(r.msgs, "\n") }
 func (r *Recorder) fail(msg string) {
 	r.failed = true
 	r.msgs = append(r.msgs, msg)
+}
+
+// SetFlag sets a command-line flag (such as rapid.checks) for the rest of t and restores it after.
+func SetFlag(t *testing.T, name, value string) {
+	t.Helper()
+	f := flag.Lookup(name)
+	if f == nil {
+		t.Fatalf("no flag %s", name)
+	}
+	old := f.Value.String()
+	if err := flag.Set(name, value); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = flag.Set(name, old) })
 }
