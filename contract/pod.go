@@ -33,8 +33,8 @@ const (
 	ConfigFile = "/etc/kmm/config.json"
 )
 
-// PodNodeNameField is the cache index of kmm's pods by the node they are bound to: the NMC
-// controller registers it, the version label controller of the same manager uses it too.
+// PodNodeNameField is the cache index of kmm's pods by the node they are bound to; every controller
+// that uses it registers it through internal/podindex.
 const PodNodeNameField = "spec.nodeName"
 
 // DefaultTimeout bounds a whole worker run: pull, extraction, firmware and modprobe. The operator

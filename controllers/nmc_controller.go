@@ -25,6 +25,7 @@ import (
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/fsm"
+	"github.com/kmm-project/kmm/internal/podindex"
 	"github.com/kmm-project/kmm/internal/semantic"
 )
 
@@ -71,10 +72,8 @@ func (r *NMCReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		}
 		return nil
 	})
-	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.Pod{}, contract.PodNodeNameField, func(o client.Object) []string {
-		return []string{o.(*corev1.Pod).Spec.NodeName}
-	}); err != nil {
-		return fmt.Errorf("indexing pods by node: %w", err)
+	if err := podindex.Register(context.Background(), mgr.GetFieldIndexer()); err != nil {
+		return err
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("nmc").

@@ -19,6 +19,7 @@ import (
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/contract"
+	"github.com/kmm-project/kmm/internal/podindex"
 )
 
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
@@ -31,6 +32,9 @@ type LabelReconciler struct {
 
 // SetupWithManager watches Nodes (labels), NMCs (pair states), device plugin pods and Modules.
 func (r *LabelReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if err := podindex.Register(context.Background(), mgr.GetFieldIndexer()); err != nil {
+		return err
+	}
 	byName := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []ctrl.Request {
 		return []ctrl.Request{{NamespacedName: types.NamespacedName{Name: o.GetName()}}}
 	})

@@ -8,12 +8,21 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
-	"github.com/kmm-project/kmm/internal/manager"
 )
+
+// pluginScheme knows the kinds the plugin reads: kmm's own. The plugin has its own scheme so that
+// it does not link the operator (internal/manager and every controller).
+func pluginScheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	utilruntime.Must(kmmv1beta1.AddToScheme(s))
+	return s
+}
 
 // noNMCMessage explains an empty cluster, as kubectl says "No resources found": not an error.
 const noNMCMessage = "No (node, module) pairs: no NodeModulesConfig exists (no Module selects a node, or the kmm operator is not running).\n"
@@ -41,7 +50,7 @@ func connect(o *options) (*session, error) {
 		return nil, fmt.Errorf("reading the namespace from the kubeconfig: %w", err)
 	}
 	cfg.Timeout = o.requestTimeout
-	c, err := client.New(cfg, client.Options{Scheme: manager.NewScheme()})
+	c, err := client.New(cfg, client.Options{Scheme: pluginScheme()})
 	if err != nil {
 		return nil, fmt.Errorf("creating a client for %s: %w", cfg.Host, err)
 	}
