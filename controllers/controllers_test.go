@@ -234,17 +234,7 @@ func TestWorkerFailureBacksOffAndFixingTheImageRecovers(t *testing.T) {
 		return false, fmt.Sprintf("a Warning Event ImagePull on the Module among %d events", len(evs.Items))
 	})
 
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		got := &kmmv1beta1.Module{}
-		if err := k8s.Get(context.Background(), client.ObjectKeyFromObject(m), got); err != nil {
-			return err
-		}
-		got.Spec.ModuleLoader.Container.KernelMappings[0].ContainerImage = "reg.example.com/nic:fixed"
-		return k8s.Update(context.Background(), got)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	setFirstImage(t, m, "reg.example.com/nic:fixed")
 	tb.waitLoaded("nic", "reg.example.com/nic:fixed", n)
 	if st := pairStatus(n, tb.ns, "nic"); st.Attempts != 0 {
 		t.Fatalf("attempts %d after a success, want 0", st.Attempts)

@@ -142,20 +142,7 @@ func setFirstImage(t *testing.T, m *kmmv1beta1.Module, image string) {
 
 func setNamespaceLabel(t *testing.T, ns, key, value string) {
 	t.Helper()
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		got := &corev1.Namespace{}
-		if err := k8s.Get(context.Background(), client.ObjectKey{Name: ns}, got); err != nil {
-			return err
-		}
-		if got.Labels == nil {
-			got.Labels = map[string]string{}
-		}
-		got.Labels[key] = value
-		return k8s.Update(context.Background(), got)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	setLabel(t, &corev1.Namespace{}, ns, key, value)
 }
 
 // TestRefusedDevicePluginIsReported: a DaemonSet the API server refuses (here two volumes of one

@@ -413,7 +413,7 @@ func (r *NMCReconciler) createWorker(ctx context.Context, node, key string, in *
 func (r *NMCReconciler) patchLabels(ctx context.Context, f *nodeFacts, outcomes []pairOutcome) error {
 	desired := map[string]*string{}
 	for key := range f.node.Labels {
-		if isKMMStateLabel(key) {
+		if kmmv1beta1.IsStateLabel(key) {
 			desired[key] = nil
 		}
 	}
@@ -438,12 +438,6 @@ func (r *NMCReconciler) patchLabels(ctx context.Context, f *nodeFacts, outcomes 
 		return nil
 	}
 	return r.Client.Patch(ctx, f.writableNode(), client.RawPatch(types.MergePatchType, labelsPatch(patch)))
-}
-
-// isKMMStateLabel says whether a node label key is a ready or version.ready label of kmm.
-func isKMMStateLabel(key string) bool {
-	rest, ok := strings.CutPrefix(key, "kmm.node.kubernetes.io/")
-	return ok && !strings.HasPrefix(rest, "version-module.") && (strings.HasSuffix(rest, ".ready"))
 }
 
 // labelsPatch is a JSON merge patch of node labels (nil values remove a label).

@@ -77,17 +77,27 @@ func TestOrderedUpgrade(t *testing.T) {
 
 func setNodeLabel(t *testing.T, name, key, value string) {
 	t.Helper()
+	setLabel(t, &corev1.Node{}, name, key, value)
+}
+
+// setLabel sets (or with value "" removes) a label of the cluster-scoped object name of obj's kind.
+func setLabel(t *testing.T, obj client.Object, name, key, value string) {
+	t.Helper()
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		n := &corev1.Node{}
-		if err := k8s.Get(context.Background(), client.ObjectKey{Name: name}, n); err != nil {
+		if err := k8s.Get(context.Background(), client.ObjectKey{Name: name}, obj); err != nil {
 			return err
 		}
-		if value == "" {
-			delete(n.Labels, key)
-		} else {
-			n.Labels[key] = value
+		labels := obj.GetLabels()
+		if labels == nil {
+			labels = map[string]string{}
 		}
-		return k8s.Update(context.Background(), n)
+		if value == "" {
+			delete(labels, key)
+		} else {
+			labels[key] = value
+		}
+		obj.SetLabels(labels)
+		return k8s.Update(context.Background(), obj)
 	})
 	if err != nil {
 		t.Fatal(err)

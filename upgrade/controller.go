@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"sort"
-	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -158,29 +157,14 @@ func observe(nmc *kmmv1beta1.NodeModulesConfig, pods []corev1.Pod, node string, 
 	return o
 }
 
-// The prefixes of the internal version labels (kmmv1beta1.WorkerPodVersionLabel and
-// kmmv1beta1.DevicePluginVersionLabel) before "<namespace>.<name>".
-const (
-	workerPodLabelPrefix    = "beta.kmm.node.kubernetes.io/version-worker-pod."
-	devicePluginLabelPrefix = "beta.kmm.node.kubernetes.io/version-device-plugin."
-)
-
 // StaleInternalLabels returns the internal version labels of a node that no longer serve anything:
 // their Module is gone, being deleted, unversioned or no longer selects the node (not in active),
 // and the node has no pair of it left (not in pairs, the NMC's status entries). Module keys are
-// "<namespace>/<name>"; a namespace has no dots, so the first dot after the prefix ends it.
+// "<namespace>/<name>".
 func StaleInternalLabels(nodeLabels map[string]string, active, pairs map[string]bool) []string {
 	var out []string
 	for key := range nodeLabels {
-		rest, ok := strings.CutPrefix(key, workerPodLabelPrefix)
-		if !ok {
-			rest, ok = strings.CutPrefix(key, devicePluginLabelPrefix)
-		}
-		ns, name, dotted := strings.Cut(rest, ".")
-		if !ok || !dotted {
-			continue
-		}
-		if module := ns + "/" + name; !active[module] && !pairs[module] {
+		if module, ok := kmmv1beta1.ParseInternalVersionLabel(key); ok && !active[module] && !pairs[module] {
 			out = append(out, key)
 		}
 	}

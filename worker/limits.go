@@ -2,6 +2,7 @@ package worker
 
 import (
 	"fmt"
+	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
@@ -50,25 +51,20 @@ type Limits struct {
 
 // withDefaults fills the zero fields of l.
 func (l Limits) withDefaults() Limits {
-	if l.MaxImageBytes <= 0 {
-		l.MaxImageBytes = DefaultMaxImageBytes
-	}
-	if l.MaxTarBytes <= 0 {
-		l.MaxTarBytes = DefaultMaxTarBytes
-	}
-	if l.MaxLayers <= 0 {
-		l.MaxLayers = DefaultMaxLayers
-	}
-	if l.MaxEntries <= 0 {
-		l.MaxEntries = DefaultMaxEntries
-	}
-	if l.MaxExtractEntries <= 0 {
-		l.MaxExtractEntries = DefaultMaxExtractEntries
-	}
-	if l.MaxManifestBytes <= 0 {
-		l.MaxManifestBytes = DefaultMaxManifestBytes
-	}
+	orDefault(&l.MaxImageBytes, DefaultMaxImageBytes)
+	orDefault(&l.MaxTarBytes, DefaultMaxTarBytes)
+	orDefault(&l.MaxLayers, DefaultMaxLayers)
+	orDefault(&l.MaxEntries, DefaultMaxEntries)
+	orDefault(&l.MaxExtractEntries, DefaultMaxExtractEntries)
+	orDefault(&l.MaxManifestBytes, DefaultMaxManifestBytes)
 	return l
+}
+
+// orDefault sets *v to d when it is not positive (unset).
+func orDefault[T int | int64 | time.Duration](v *T, d T) {
+	if *v <= 0 {
+		*v = d
+	}
 }
 
 // limitError is a limit an image exceeded. It is classified contract.ReasonOther: the same image fails

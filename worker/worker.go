@@ -72,18 +72,10 @@ func New(opts Options) (*Worker, error) {
 	if opts.Keychain == nil {
 		opts.Keychain = staticKeychain{}
 	}
-	if opts.Timeout <= 0 {
-		opts.Timeout = contract.DefaultTimeout
-	}
-	if opts.MaxExtractBytes <= 0 {
-		opts.MaxExtractBytes = DefaultMaxExtractBytes
-	}
-	if opts.CacheBudget <= 0 {
-		opts.CacheBudget = DefaultCacheBudget
-	}
-	if opts.CacheMaxAge <= 0 {
-		opts.CacheMaxAge = DefaultCacheMaxAge
-	}
+	orDefault(&opts.Timeout, contract.DefaultTimeout)
+	orDefault(&opts.MaxExtractBytes, DefaultMaxExtractBytes)
+	orDefault(&opts.CacheBudget, DefaultCacheBudget)
+	orDefault(&opts.CacheMaxAge, DefaultCacheMaxAge)
 	opts.Limits = opts.Limits.withDefaults()
 	return &Worker{opts: opts}, nil
 }

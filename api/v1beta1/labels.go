@@ -1,16 +1,18 @@
 package v1beta1
 
+import "strings"
+
 // Node label keys (SPEC §3, §7). <ns> and <name> are the Module's namespace and name; with a version set their
 // combined length is at most 39 so that every key stays a valid label key (kmmv1beta1.MaxVersionedNameLength).
 
 // ReadyLabel marks a node where the module is loaded; device plugin DaemonSets select on it.
 func ReadyLabel(namespace, name string) string {
-	return "kmm.node.kubernetes.io/" + namespace + "." + name + ".ready"
+	return labelDomain + namespace + "." + name + ".ready"
 }
 
 // VersionReadyLabel names the module version loaded on a node.
 func VersionReadyLabel(namespace, name string) string {
-	return "kmm.node.kubernetes.io/" + namespace + "." + name + ".version.ready"
+	return labelDomain + namespace + "." + name + ".version.ready"
 }
 
 // ModuleVersionLabel is the user's label requesting a module version on a node (ordered upgrade).
@@ -21,12 +23,41 @@ func ModuleVersionLabel(namespace, name string) string {
 // WorkerPodVersionLabel is the internal label saying which version the worker pods may load
 // (seed 000's "module loader version label").
 func WorkerPodVersionLabel(namespace, name string) string {
-	return "beta.kmm.node.kubernetes.io/version-worker-pod." + namespace + "." + name
+	return workerPodVersionPrefix + namespace + "." + name
 }
 
 // DevicePluginVersionLabel is the internal label saying which device plugin version may run on a node.
 func DevicePluginVersionLabel(namespace, name string) string {
-	return "beta.kmm.node.kubernetes.io/version-device-plugin." + namespace + "." + name
+	return devicePluginVersionPrefix + namespace + "." + name
+}
+
+// Prefixes of the label keys above, before "<ns>.<name>".
+const (
+	labelDomain               = "kmm.node.kubernetes.io/"
+	workerPodVersionPrefix    = "beta.kmm.node.kubernetes.io/version-worker-pod."
+	devicePluginVersionPrefix = "beta.kmm.node.kubernetes.io/version-device-plugin."
+)
+
+// IsStateLabel says whether a node label key is a ready or version.ready label (ReadyLabel,
+// VersionReadyLabel): the labels the NMC controller owns.
+func IsStateLabel(key string) bool {
+	rest, ok := strings.CutPrefix(key, labelDomain)
+	return ok && !strings.HasPrefix(rest, "version-module.") && strings.HasSuffix(rest, ".ready")
+}
+
+// ParseInternalVersionLabel returns the Module ("<ns>/<name>") of an internal version label key
+// (WorkerPodVersionLabel, DevicePluginVersionLabel); ok is false for any other key. A namespace
+// has no dots, so the first dot after the prefix ends it.
+func ParseInternalVersionLabel(key string) (module string, ok bool) {
+	rest, ok := strings.CutPrefix(key, workerPodVersionPrefix)
+	if !ok {
+		rest, ok = strings.CutPrefix(key, devicePluginVersionPrefix)
+	}
+	ns, name, dotted := strings.Cut(rest, ".")
+	if !ok || !dotted {
+		return "", false
+	}
+	return ns + "/" + name, true
 }
 
 // UpgradeSkipLabel is the node label that, when present (any value), keeps the automatic rollout of
