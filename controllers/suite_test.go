@@ -23,6 +23,7 @@ import (
 	"github.com/kmm-project/kmm/internal/manager"
 	"github.com/kmm-project/kmm/test/agent"
 	"github.com/kmm-project/kmm/test/envtest"
+	"github.com/kmm-project/kmm/test/poll"
 )
 
 const (
@@ -278,17 +279,7 @@ func pairStatus(nodeName, ns, name string) *kmmv1beta1.NodeModuleStatus {
 // eventually polls cond until it holds or the timeout passes; cond says what it is waiting for.
 func eventually(t *testing.T, timeout time.Duration, cond func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, what := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v: %s", timeout, what)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	poll.Until(t, timeout, 100*time.Millisecond, cond)
 }
 
 // waitLoaded waits until the module is Loaded with image on every node given.

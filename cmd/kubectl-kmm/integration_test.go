@@ -20,6 +20,7 @@ import (
 	"github.com/kmm-project/kmm/internal/manager"
 	"github.com/kmm-project/kmm/test/agent"
 	"github.com/kmm-project/kmm/test/envtest"
+	"github.com/kmm-project/kmm/test/poll"
 )
 
 const kernel = "6.1.0-56-cloud-amd64"
@@ -258,13 +259,7 @@ func waitModuleReady(t *testing.T, k8s client.Client, ns, name string) {
 
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	poll.Until(t, 60*time.Second, 100*time.Millisecond, func() (bool, string) { return cond(), what })
 }
 
 // writeKubeconfig writes a kubeconfig that reaches env as its administrator.

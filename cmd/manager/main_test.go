@@ -20,6 +20,7 @@ import (
 
 	"github.com/kmm-project/kmm/internal/manager"
 	"github.com/kmm-project/kmm/test/envtest"
+	"github.com/kmm-project/kmm/test/poll"
 )
 
 // TestManagerServesProbesMetricsAndElectsALeader runs the operator command against a real API server
@@ -148,13 +149,7 @@ func body(addr, path string) string {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	poll.Until(t, 60*time.Second, 100*time.Millisecond, func() (bool, string) { return cond(), what })
 }
 
 // env is the control plane shared by the tests of this package.

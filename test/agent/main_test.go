@@ -21,6 +21,7 @@ import (
 	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/test/agent"
 	"github.com/kmm-project/kmm/test/envtest"
+	"github.com/kmm-project/kmm/test/poll"
 )
 
 // Shared by the tests: a client of the envtest API server and one running agent whose Hold holds
@@ -146,17 +147,11 @@ func create(t *testing.T, obj client.Object) {
 func waitFor[T client.Object](t *testing.T, obj T, what string, cond func(T) bool) T {
 	t.Helper()
 	key := client.ObjectKeyFromObject(obj)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	poll.Until(t, 5*time.Second, 20*time.Millisecond, func() (bool, string) {
 		err := k8s.Get(context.Background(), key, obj)
-		if err == nil && cond(obj) {
-			return obj
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s %s: %s did not happen within 5s (last error %v)", fmt.Sprintf("%T", obj), key, what, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return err == nil && cond(obj), fmt.Sprintf("%T %s: %s (last error %v)", obj, key, what, err)
+	})
+	return obj
 }
 
 // ended waits for pod to end.
