@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kmm-project/kmm/test/poll"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -58,15 +59,5 @@ func TestDaemonSetPodsRunOnAgentNodes(t *testing.T) {
 
 func waitUntil(t *testing.T, timeout time.Duration, cond func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, what := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out: %s", what)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	poll.Until(t, timeout, 100*time.Millisecond, cond)
 }
