@@ -9,6 +9,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/internal/validation"
 )
 
 // DefaultDirName is the directory of the kmod image that holds lib/modules when
@@ -68,7 +69,7 @@ func (c Config) Validate() error {
 		return errors.New("invalid config: namespace and name of the Module are required")
 	}
 	// The operator checks the same before it creates a worker pod: one function for both sides.
-	return c.Config.Validate()
+	return validation.ModuleConfig(&c.Config)
 }
 
 // ModuleID is "<namespace>/<name>" of the Module.

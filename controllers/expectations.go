@@ -9,6 +9,7 @@ import (
 
 	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/fsm"
+	"github.com/kmm-project/kmm/internal/expectations"
 )
 
 // expectationTTL bounds how long the NMC controller trusts its own pod writes over a cache that
@@ -21,10 +22,10 @@ const expectationTTL = 30 * time.Second
 // (a refused POST, and a status write that comes with every planned creation) or deletes a
 // finished pod twice.
 type podExpectations struct {
-	mu       sync.Mutex
-	creates  map[string]map[string]expectedPod // by node, then pod name (one worker pod per pair)
-	deletes  map[types.UID]time.Time
-	lastPrun time.Time
+	mu      sync.Mutex
+	creates map[string]map[string]expectedPod // by node, then pod name (one worker pod per pair)
+	// deletes are the worker pods the controller deleted, until the TTL: it never deletes one twice.
+	deletes *expectations.Store[types.UID, struct{}]
 	// refused are the pods the API server would not create, by node then module key, until a pod
 	// of the pair is created: the NMC decision turns them into a failed attempt (fsm.WorkerRejected).
 	refused map[string]map[string]fsm.CreateRefusal
@@ -36,7 +37,7 @@ type expectedPod struct {
 }
 
 func newPodExpectations() *podExpectations {
-	return &podExpectations{creates: map[string]map[string]expectedPod{}, deletes: map[types.UID]time.Time{},
+	return &podExpectations{creates: map[string]map[string]expectedPod{}, deletes: expectations.New[types.UID, struct{}](expectationTTL),
 		refused: map[string]map[string]fsm.CreateRefusal{}}
 }
 
@@ -75,16 +76,12 @@ func (e *podExpectations) observed(pod *corev1.Pod) {
 
 // deleted records a pod whose deletion the API server accepted.
 func (e *podExpectations) deleted(uid types.UID, now time.Time) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.deletes[uid] = now
+	e.deletes.Expect(uid, struct{}{}, now)
 }
 
 // deleting says whether the controller already deleted the pod of uid.
-func (e *podExpectations) deleting(uid types.UID) bool {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	_, ok := e.deletes[uid]
+func (e *podExpectations) deleting(uid types.UID, now time.Time) bool {
+	_, ok := e.deletes.Get(uid, now)
 	return ok
 }
 
@@ -108,12 +105,5 @@ func (e *podExpectations) fill(f *nodeFacts, node string, now time.Time) {
 	for key, r := range e.refused[node] {
 		f.refused[key] = r
 	}
-	if now.Sub(e.lastPrun) > expectationTTL {
-		e.lastPrun = now
-		for uid, at := range e.deletes {
-			if now.Sub(at) > expectationTTL {
-				delete(e.deletes, uid)
-			}
-		}
-	}
+	e.deletes.Prune(now)
 }

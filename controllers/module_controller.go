@@ -29,6 +29,7 @@ import (
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/fsm"
 	"github.com/kmm-project/kmm/internal/semantic"
+	"github.com/kmm-project/kmm/internal/validation"
 )
 
 // +kubebuilder:rbac:groups=kmm.sigs.x-k8s.io,resources=modules,verbs=get;list;watch;update;patch
@@ -138,13 +139,15 @@ func modulesInNMC(_ context.Context, o client.Object) []ctrl.Request {
 	return out
 }
 
-// Reconcile writes the Module's NMC spec entries, its device plugin DaemonSet and its status.
+// Reconcile writes the Module's NMC spec entries, its device plugin DaemonSet and its status, in
+// the shape of the NMC reconciler: gather the facts, decide (pure), act, write the status once.
 func (r *ModuleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	log := ctrl.LoggerFrom(ctx).WithValues("module", req.String())
 	m := &kmmv1beta1.Module{}
 	if err := r.Client.Get(ctx, req.NamespacedName, m); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
+	// The finalizer comes before any entry is written, so that a deletion always unloads.
 	if m.DeletionTimestamp.IsZero() && controllerutil.AddFinalizer(m, ModuleFinalizer) {
 		if err := r.Client.Update(ctx, m); err != nil {
 			return ctrl.Result{}, err
@@ -154,12 +157,8 @@ func (r *ModuleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	if errs := m.Validate(); len(errs) > 0 && m.DeletionTimestamp.IsZero() {
-		log.Info("Invalid Module: leaving its nodes as they are", "error", errs.ToAggregate().Error())
-		scope.invalid = errs.ToAggregate().Error()
-		return ctrl.Result{}, r.writeStatus(ctx, scope)
-	}
-	errs := []error{r.syncSpecs(ctx, scope, log), r.syncDevicePlugin(ctx, scope)}
+	scope.decide()
+	errs := r.act(ctx, scope, log)
 	// A refusal for what the object is will not pass by itself: the status and an Event say so
 	// (the error still requeues with back-off, for a refusal that a policy change lifts).
 	scope.refused = refusalMessage(errs...)
@@ -168,6 +167,16 @@ func (r *ModuleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 		return ctrl.Result{}, err
 	}
 	return ctrl.Result{}, r.releaseWhenUnloaded(ctx, scope, log)
+}
+
+// act writes what the decisions ask for: the NMC spec entries and the device plugin DaemonSet. An
+// invalid Module's nodes are left as they are.
+func (r *ModuleReconciler) act(ctx context.Context, s *moduleScope, log logr.Logger) []error {
+	if s.invalid != "" {
+		log.Info("Invalid Module: leaving its nodes as they are", "error", s.invalid)
+		return nil
+	}
+	return []error{r.syncSpecs(ctx, s, log), r.syncDevicePlugin(ctx, s)}
 }
 
 // refusalMessage is the message of the first error the API server gave for what an object is, "" when none.
@@ -199,6 +208,7 @@ type moduleScope struct {
 	refused string
 }
 
+// gather reads every node and NMC (the decision needs each node's labels and kernel).
 func (r *ModuleReconciler) gather(ctx context.Context, m *kmmv1beta1.Module) (*moduleScope, error) {
 	s := &moduleScope{module: m, nmcs: map[string]*kmmv1beta1.NodeModulesConfig{}, decisions: map[string]fsm.SpecDecision{}}
 	// Nodes and NMCs are only read: the cache's own objects, not a copy of every one per reconcile.
@@ -214,11 +224,19 @@ func (r *ModuleReconciler) gather(ctx context.Context, m *kmmv1beta1.Module) (*m
 	for i := range nmcs.Items {
 		s.nmcs[nmcs.Items[i].Name] = &nmcs.Items[i]
 	}
+	return s, nil
+}
+
+// decide checks the Module (a deleted one is unloaded whatever it says) and decides each node's
+// spec entry: pure, from what gather read.
+func (s *moduleScope) decide() {
+	if errs := validation.Module(s.module); len(errs) > 0 && s.module.DeletionTimestamp.IsZero() {
+		s.invalid = errs.ToAggregate().Error()
+	}
 	for i := range s.nodes {
 		n := &s.nodes[i]
-		s.decisions[n.Name] = fsm.DecideSpec(m, nodeView(n))
+		s.decisions[n.Name] = fsm.DecideSpec(s.module, nodeView(n))
 	}
-	return s, nil
 }
 
 // nodeView is what the Module→NMC decision may see of a node: labels and kernel only.

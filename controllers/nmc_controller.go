@@ -352,7 +352,7 @@ func (r *NMCReconciler) execute(ctx context.Context, f *nodeFacts, outcomes []pa
 	for _, o := range outcomes {
 		p := o.result.Plan
 		errs = append(errs, r.executeDrain(ctx, f, o.key, p))
-		if p.DeleteWorker && o.pod != nil && !r.expected().deleting(o.pod.UID) {
+		if p.DeleteWorker && o.pod != nil && !r.expected().deleting(o.pod.UID, r.Clock.Now()) {
 			log.V(1).Info("Deleting finished worker pod", "module", o.key, "pod", o.pod.Name)
 			pre := client.Preconditions{UID: &o.pod.UID}
 			if o.pod.Status.Phase != corev1.PodSucceeded && o.pod.Status.Phase != corev1.PodFailed {

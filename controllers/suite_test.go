@@ -18,9 +18,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/cmd/manager/app"
 	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/fsm"
-	"github.com/kmm-project/kmm/internal/manager"
 	"github.com/kmm-project/kmm/test/agent"
 	"github.com/kmm-project/kmm/test/envtest"
 	"github.com/kmm-project/kmm/test/poll"
@@ -57,7 +57,7 @@ func run(m *testing.M) int {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if k8s, err = client.New(env.Config, client.Options{Scheme: manager.NewScheme()}); err != nil {
+	if k8s, err = client.New(env.Config, client.Options{Scheme: app.NewScheme()}); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
@@ -98,7 +98,7 @@ func (w *podWatch) start(ctx context.Context) error {
 // watchEach watches the objects of list until ctx ends and hands each event's object, in order,
 // to observe on a goroutine of its own.
 func watchEach[T client.Object](ctx context.Context, list client.ObjectList, observe func(watch.EventType, T), opts ...client.ListOption) error {
-	wc, err := client.NewWithWatch(env.Config, client.Options{Scheme: manager.NewScheme()})
+	wc, err := client.NewWithWatch(env.Config, client.Options{Scheme: app.NewScheme()})
 	if err != nil {
 		return err
 	}
@@ -173,11 +173,11 @@ type operator struct {
 // startOperator starts the controllers; the test stops them at its end (or earlier, by stop).
 func startOperator(t *testing.T) *operator {
 	t.Helper()
-	opts := manager.DefaultOptions()
+	opts := app.DefaultOptions()
 	opts.MetricsAddr, opts.ProbeAddr, opts.AllowRestartInProcess = "0", "0", true
 	opts.WebhookHost, opts.WebhookPort, opts.WebhookCertDir = env.WebhookHost, env.WebhookPort, env.WebhookCertDir
 	opts.BackOff = testBO
-	mgr, err := manager.New(env.Config, opts)
+	mgr, err := app.New(env.Config, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -122,3 +122,7 @@ func DiagramFiles() map[string]string {
 		"README.md":   DiagramsREADME(),
 	}
 }
+
+// AllTriggers lists every trigger.
+var AllTriggers = []Trigger{SpecSet, SpecChanged, SpecRemoved, SpecRestored, KernelChanged, NodeRebooted,
+	WorkerSucceeded, WorkerFailed, WorkerTimedOut, WorkerRejected, BackOffExpired, UpgradeRequested, DevicePluginGone, UpgradeAbandoned}

@@ -5,6 +5,7 @@ import (
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/internal/semantic"
+	"github.com/kmm-project/kmm/internal/validation"
 )
 
 // Facts is everything the NMC decision knows about one (node, module) pair, gathered by the
@@ -237,7 +238,7 @@ func (f *Facts) specProblem() error {
 	if f.Spec == nil {
 		return nil
 	}
-	return f.Spec.Config.Validate()
+	return validation.ModuleConfig(&f.Spec.Config)
 }
 
 // failedConfigReplaced says whether the config that failed was replaced by another that may work:

@@ -588,7 +588,7 @@ func (w *world) checkSpecIgnoresNodeStatus() {
 
 // checkRecord verifies invariant 8 (the log replays to the state) and the version.ready label.
 func (w *world) checkRecord(node, key string, st kmmv1beta1.NodeModuleStatus) {
-	if got, err := Replay(st.Transitions); err != nil || (len(st.Transitions) > 0 && got != st.State) {
+	if got, err := replay(st.Transitions); err != nil || (len(st.Transitions) > 0 && got != st.State) {
 		w.violate("invariant 8: log of %s/%s replays to %s (%v), state is %s", node, key, got, err, st.State)
 	}
 	ns, name := splitKey(key)

@@ -327,8 +327,8 @@ func TestTransitionLogIsBoundedAndReplays(t *testing.T) {
 	if len(st.Transitions) != kmmv1beta1.MaxTransitionLog {
 		t.Fatalf("log has %d entries, want %d", len(st.Transitions), kmmv1beta1.MaxTransitionLog)
 	}
-	if got, err := Replay(st.Transitions); err != nil || got != st.State {
-		t.Fatalf("Replay = %s, %v; want %s", got, err, st.State)
+	if got, err := replay(st.Transitions); err != nil || got != st.State {
+		t.Fatalf("replay = %s, %v; want %s", got, err, st.State)
 	}
 }
 

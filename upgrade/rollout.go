@@ -58,8 +58,9 @@ func (p Progress) Complete() bool {
 	return p.Done == p.Total
 }
 
-// PlanRollout returns the version-module labels to set so that the rollout advances without more
-// than maxUnavailable nodes unavailable at once:
+// planRollout returns the version-module labels to set, and the classification of the selected
+// nodes behind them, so that the rollout advances without more than maxUnavailable nodes
+// unavailable at once:
 //
 //   - nothing unless upgradePolicy.automatic is true and the Module has a version (and is not
 //     being deleted);
@@ -70,18 +71,6 @@ func (p Progress) Complete() bool {
 //   - unavailable = in-progress nodes + cordoned or NotReady nodes that are not done;
 //   - at most budget − unavailable pending nodes start, by name; a cordoned or NotReady pending
 //     node never starts.
-func PlanRollout(in RolloutInput) []Intent {
-	intents, _ := planRollout(in)
-	return intents
-}
-
-// RolloutProgress classifies the selected nodes as PlanRollout does (zero when the rollout is not
-// automatic).
-func RolloutProgress(in RolloutInput) Progress {
-	_, p := planRollout(in)
-	return p
-}
-
 func planRollout(in RolloutInput) ([]Intent, Progress) {
 	m := in.Module
 	if m == nil || !automatic(m) {

@@ -4,14 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -20,20 +21,45 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/internal/expectations"
 )
 
 // RolloutRequeue is how often a Module whose automatic rollout is not complete is looked at again
 // even without events (a safety net: node, NMC and Module events drive the rollout).
 const RolloutRequeue = 30 * time.Second
 
-// rolloutCacheWait bounds the wait for the cache to show the labels just patched.
-const rolloutCacheWait = 5 * time.Second
+// labelExpectationTTL bounds how long the rollout trusts a label it set over a cache that does not
+// show it yet.
+const labelExpectationTTL = 30 * time.Second
+
+// nodeLabel names one label of one node.
+type nodeLabel struct{ node, key string }
 
 // RolloutReconciler is the automatic rollout of spec.upgradePolicy: per Module, it moves the
 // user's version-module label of the selected nodes to the Module's version, a few nodes at a
-// time (PlanRollout); the version label controller then carries out seed 002's flow per node.
+// time (planRollout); the version label controller then carries out seed 002's flow per node.
 type RolloutReconciler struct {
 	Client client.Client
+	// Clock dates the label expectations (the real clock when nil).
+	Clock clock.PassiveClock
+
+	expectOnce sync.Once
+	// expect holds the version-module labels this controller set until its cache shows them: the
+	// next plan must count such a node as in progress, or a stale cache would let it start more
+	// nodes than maxUnavailable allows.
+	expect *expectations.Store[nodeLabel, string]
+}
+
+func (r *RolloutReconciler) expected() *expectations.Store[nodeLabel, string] {
+	r.expectOnce.Do(func() { r.expect = expectations.New[nodeLabel, string](labelExpectationTTL) })
+	return r.expect
+}
+
+func (r *RolloutReconciler) now() time.Time {
+	if r.Clock == nil {
+		return time.Now()
+	}
+	return r.Clock.Now()
 }
 
 // SetupWithManager watches Modules, and Nodes and NMCs mapped to the automatic Modules they concern.
@@ -46,7 +72,7 @@ func (r *RolloutReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Complete(r)
 }
 
-// nodeRolloutFactsChanged passes node updates that change what PlanRollout reads: labels,
+// nodeRolloutFactsChanged passes node updates that change what planRollout reads: labels,
 // cordon, readiness.
 func nodeRolloutFactsChanged() predicate.Predicate {
 	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
@@ -129,10 +155,12 @@ func (r *RolloutReconciler) gather(ctx context.Context, m *kmmv1beta1.Module) (R
 	if err := r.Client.List(ctx, nodes, client.MatchingLabels(m.Spec.Selector)); err != nil {
 		return RolloutInput{}, err
 	}
+	r.expected().Prune(r.now())
 	in := RolloutInput{Module: m, Nodes: make([]RolloutNode, 0, len(nodes.Items))}
 	for i := range nodes.Items {
 		n := &nodes.Items[i]
-		rn := RolloutNode{Name: n.Name, Labels: n.Labels, Ready: nodeReady(n), Unschedulable: n.Spec.Unschedulable}
+		rn := RolloutNode{Name: n.Name, Labels: r.withExpectedLabel(n, kmmv1beta1.ModuleVersionLabel(m.Namespace, m.Name)),
+			Ready: nodeReady(n), Unschedulable: n.Spec.Unschedulable}
 		nmc := &kmmv1beta1.NodeModulesConfig{}
 		if err := r.Client.Get(ctx, client.ObjectKey{Name: n.Name}, nmc); client.IgnoreNotFound(err) != nil {
 			return RolloutInput{}, err
@@ -148,9 +176,24 @@ func (r *RolloutReconciler) gather(ctx context.Context, m *kmmv1beta1.Module) (R
 	return in, nil
 }
 
-// setLabel merge-patches one label of a node, then waits for the cache to show it: the next plan
-// must count this node as in progress, or a stale cache would let it start more nodes than
-// maxUnavailable allows.
+// withExpectedLabel returns the node's labels with the value this controller last set under key
+// when the cache does not show it yet, and forgets that expectation once the cache does.
+func (r *RolloutReconciler) withExpectedLabel(n *corev1.Node, key string) map[string]string {
+	k := nodeLabel{node: n.Name, key: key}
+	r.expected().Observed(k, func(v string) bool { return n.Labels[key] == v })
+	v, ok := r.expected().Get(k, r.now())
+	if !ok {
+		return n.Labels
+	}
+	out := maps.Clone(n.Labels)
+	if out == nil {
+		out = map[string]string{}
+	}
+	out[key] = v
+	return out
+}
+
+// setLabel merge-patches one label of a node and expects it until the cache shows it.
 func (r *RolloutReconciler) setLabel(ctx context.Context, nodeName, key, value string) error {
 	data, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]string{key: value}}})
 	if err != nil {
@@ -161,16 +204,7 @@ func (r *RolloutReconciler) setLabel(ctx context.Context, nodeName, key, value s
 	if err := r.Client.Patch(ctx, n, client.RawPatch(types.MergePatchType, data)); err != nil {
 		return fmt.Errorf("setting %s=%s on node %s: %w", key, value, nodeName, err)
 	}
-	err = wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, rolloutCacheWait, true, func(ctx context.Context) (bool, error) {
-		cached := &corev1.Node{}
-		if err := r.Client.Get(ctx, client.ObjectKey{Name: nodeName}, cached); err != nil {
-			return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
-		}
-		return cached.Labels[key] == value, nil
-	})
-	if err != nil {
-		return fmt.Errorf("waiting for the cache to show %s=%s on node %s: %w", key, value, nodeName, err)
-	}
+	r.expected().Expect(nodeLabel{node: nodeName, key: key}, value, r.now())
 	return nil
 }
 

@@ -133,9 +133,9 @@ func TestPlanRollout(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got := PlanRollout(RolloutInput{Module: tc.module, Nodes: tc.nodes})
+			got := firstIntents(planRollout(RolloutInput{Module: tc.module, Nodes: tc.nodes}))
 			if !reflect.DeepEqual(got, tc.want) {
-				t.Fatalf("PlanRollout = %v, want %v", got, tc.want)
+				t.Fatalf("planRollout = %v, want %v", got, tc.want)
 			}
 		})
 	}
@@ -145,8 +145,8 @@ func TestPlanRolloutIgnoresADeletedModule(t *testing.T) {
 	m := rolloutModule("v2", auto(intOf(2)))
 	now := metav1.Now()
 	m.DeletionTimestamp = &now
-	if got := PlanRollout(RolloutInput{Module: m, Nodes: nodes(onV1, "a")}); got != nil {
-		t.Fatalf("PlanRollout of a Module being deleted = %v, want nothing", got)
+	if got := firstIntents(planRollout(RolloutInput{Module: m, Nodes: nodes(onV1, "a")})); got != nil {
+		t.Fatalf("planRollout of a Module being deleted = %v, want nothing", got)
 	}
 }
 
@@ -154,15 +154,24 @@ func TestRolloutProgress(t *testing.T) {
 	in := RolloutInput{Module: rolloutModule("v2", auto(pct("50%"))), Nodes: []RolloutNode{
 		onV2("a"), upgrading("b", kmmv1beta1.StateUnloading, "v1"), notReady(onV1("c")), onV1("d"), skipped(onV1("e")),
 	}}
-	got := RolloutProgress(in)
+	got := progressOf(in)
 	want := Progress{Total: 4, Done: 1, InProgress: 1, Pending: 2, Unavailable: 2, Budget: 2}
 	if got != want {
-		t.Fatalf("RolloutProgress = %+v, want %+v", got, want)
+		t.Fatalf("progress = %+v, want %+v", got, want)
 	}
 	if got.Complete() {
 		t.Fatal("a rollout with pending nodes is not complete")
 	}
-	if !RolloutProgress(RolloutInput{Module: in.Module, Nodes: nodes(onV2, "a", "b")}).Complete() {
+	if !progressOf(RolloutInput{Module: in.Module, Nodes: nodes(onV2, "a", "b")}).Complete() {
 		t.Fatal("a rollout with every node done is complete")
 	}
+}
+
+// firstIntents keeps the intents of a plan.
+func firstIntents(intents []Intent, _ Progress) []Intent { return intents }
+
+// progressOf keeps the classification of a plan.
+func progressOf(in RolloutInput) Progress {
+	_, p := planRollout(in)
+	return p
 }

@@ -17,7 +17,7 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
-	"github.com/kmm-project/kmm/internal/manager"
+	"github.com/kmm-project/kmm/cmd/manager/app"
 	"github.com/kmm-project/kmm/test/agent"
 	"github.com/kmm-project/kmm/test/envtest"
 	"github.com/kmm-project/kmm/test/poll"
@@ -37,7 +37,7 @@ func TestAgainstTheOperator(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	startOperator(ctx, cancel, t, env)
-	k8s, err := client.New(env.Config, client.Options{Scheme: manager.NewScheme()})
+	k8s, err := client.New(env.Config, client.Options{Scheme: app.NewScheme()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,10 +181,10 @@ func kmm(t *testing.T, args ...string) (string, error) {
 // cleanup cancels ctx and waits for the manager to stop.
 func startOperator(ctx context.Context, cancel context.CancelFunc, t *testing.T, env *envtest.Env) {
 	t.Helper()
-	opts := manager.DefaultOptions()
+	opts := app.DefaultOptions()
 	opts.MetricsAddr, opts.ProbeAddr, opts.AllowRestartInProcess = "0", "0", true
 	opts.WebhookHost, opts.WebhookPort, opts.WebhookCertDir = env.WebhookHost, env.WebhookPort, env.WebhookCertDir
-	mgr, err := manager.New(env.Config, opts)
+	mgr, err := app.New(env.Config, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

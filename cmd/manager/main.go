@@ -14,8 +14,8 @@ import (
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 
+	"github.com/kmm-project/kmm/cmd/manager/app"
 	"github.com/kmm-project/kmm/internal/logging"
-	"github.com/kmm-project/kmm/internal/manager"
 )
 
 func main() {
@@ -28,7 +28,7 @@ func main() {
 // run parses args, builds the manager and runs it until ctx is done.
 func run(ctx context.Context, args []string, logOut io.Writer) error {
 	fs := flag.NewFlagSet("manager", flag.ContinueOnError)
-	opts := manager.DefaultOptions()
+	opts := app.DefaultOptions()
 	opts.BindFlags(fs)
 	kubeconfig := fs.String("kubeconfig", "", "Path to a kubeconfig; default: $KUBECONFIG, in-cluster config, then ~/.kube/config.")
 	logLevel := fs.String("log-level", "info", "Log level: debug, info, warn or error.")
@@ -47,7 +47,7 @@ func run(ctx context.Context, args []string, logOut io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("loading the kubeconfig: %w", err)
 	}
-	mgr, err := manager.New(cfg, opts)
+	mgr, err := app.New(cfg, opts)
 	if err != nil {
 		return err
 	}

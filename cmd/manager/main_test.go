@@ -18,7 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
-	"github.com/kmm-project/kmm/internal/manager"
+	"github.com/kmm-project/kmm/cmd/manager/app"
 	"github.com/kmm-project/kmm/test/envtest"
 	"github.com/kmm-project/kmm/test/poll"
 )
@@ -49,14 +49,14 @@ func TestManagerServesProbesMetricsAndElectsALeader(t *testing.T) {
 		t.Fatalf("/healthz = %d", code)
 	}
 	waitFor(t, "the leader election gauge", func() bool {
-		return strings.Contains(body(metricsAddr, "/metrics"), `leader_election_master_status{name="`+manager.LeaderElectionID+`"} 1`)
+		return strings.Contains(body(metricsAddr, "/metrics"), `leader_election_master_status{name="`+app.LeaderElectionID+`"} 1`)
 	})
 	c, err := client.New(env.Config, client.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	lease := &coordinationv1.Lease{}
-	if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: manager.LeaderElectionID}, lease); err != nil {
+	if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: app.LeaderElectionID}, lease); err != nil {
 		t.Fatalf("the leader election Lease: %v", err)
 	}
 	if lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity == "" {
@@ -97,12 +97,12 @@ func TestRunRejectsBadFlags(t *testing.T) {
 }
 
 func TestOptionsValidate(t *testing.T) {
-	o := manager.DefaultOptions()
+	o := app.DefaultOptions()
 	o.QPS = 0
 	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "kube-api-qps and kube-api-burst must be positive") {
 		t.Fatalf("Validate() = %v", err)
 	}
-	o = manager.DefaultOptions()
+	o = app.DefaultOptions()
 	o.WebhookPort = 70000
 	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "webhook-port must be a TCP port") {
 		t.Fatalf("Validate() = %v", err)

@@ -1,5 +1,5 @@
-// Package webhook serves kmm's admission webhooks. The rules live with the API types
-// (kmmv1beta1.Module.Validate) so that controllers can re-check them; this package adapts them to
+// Package webhook serves kmm's admission webhooks. The rules live in internal/validation
+// (validation.Module) so that controllers can re-check them; this package adapts them to
 // controller-runtime's admission interface.
 package webhook
 
@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/internal/validation"
 )
 
 // +kubebuilder:webhook:path=/validate-kmm-sigs-x-k8s-io-v1beta1-module,mutating=false,failurePolicy=fail,sideEffects=None,groups=kmm.sigs.x-k8s.io,resources=modules,verbs=create;update,versions=v1beta1,name=vmodule.kmm.sigs.x-k8s.io,admissionReviewVersions=v1
@@ -30,12 +31,12 @@ func SetupModuleWebhook(mgr ctrl.Manager) error {
 
 // ValidateCreate rejects an invalid new Module.
 func (ModuleValidator) ValidateCreate(_ context.Context, m *kmmv1beta1.Module) (admission.Warnings, error) {
-	return nil, invalid(m, m.Validate())
+	return nil, invalid(m, validation.Module(m))
 }
 
 // ValidateUpdate rejects an invalid change to a Module.
 func (ModuleValidator) ValidateUpdate(_ context.Context, oldModule, m *kmmv1beta1.Module) (admission.Warnings, error) {
-	return nil, invalid(m, m.ValidateUpdate(oldModule))
+	return nil, invalid(m, validation.ModuleUpdate(m, oldModule))
 }
 
 // ValidateDelete allows every deletion: unloading is the controllers' job.

@@ -22,7 +22,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/kmm-project/kmm/internal/manager"
+	"github.com/kmm-project/kmm/cmd/manager/app"
 	"github.com/kmm-project/kmm/test/agent"
 	"github.com/kmm-project/kmm/test/envtest"
 	"github.com/kmm-project/kmm/test/kmodimage"
@@ -166,11 +166,11 @@ func (d *demo) image(version, kernel string) string {
 }
 
 func (d *demo) startOperator(ctx context.Context) error {
-	opts := manager.DefaultOptions()
+	opts := app.DefaultOptions()
 	opts.MetricsAddr, opts.ProbeAddr = "0", "0"
 	opts.WebhookHost, opts.WebhookPort, opts.WebhookCertDir = d.env.WebhookHost, d.env.WebhookPort, d.env.WebhookCertDir
 	opts.AllowRestartInProcess = true
-	mgr, err := manager.New(d.env.Config, opts)
+	mgr, err := app.New(d.env.Config, opts)
 	if err != nil {
 		return err
 	}

@@ -33,8 +33,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/cmd/manager/app"
 	"github.com/kmm-project/kmm/contract"
-	"github.com/kmm-project/kmm/internal/manager"
 	"github.com/kmm-project/kmm/test/agent"
 	"github.com/kmm-project/kmm/test/envtest"
 )
@@ -219,7 +219,7 @@ func (h *harness) setUp(ctx context.Context) (func(), error) {
 
 // startCache watches NMCs, Modules and worker pods for the convergence checks.
 func (h *harness) startCache(ctx context.Context, cfg *rest.Config) error {
-	scheme := manager.NewScheme()
+	scheme := app.NewScheme()
 	c, err := cache.New(cfg, cache.Options{Scheme: scheme})
 	if err != nil {
 		return err

@@ -1,8 +1,8 @@
-// Package manager wires the kmm operator: the controller-runtime manager with its metrics endpoint,
+// Package app wires the kmm operator (cmd/manager): the controller-runtime manager with its metrics endpoint,
 // health probes, leader election, API client rate limits and the Module validating webhook. The
 // controllers register here as they are added. cmd/manager parses flags into Options and calls New;
 // tests call New against envtest.
-package manager
+package app
 
 import (
 	"flag"

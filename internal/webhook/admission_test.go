@@ -1,4 +1,4 @@
-package v1beta1_test
+package webhook_test
 
 import (
 	"bufio"
@@ -24,7 +24,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
-	"github.com/kmm-project/kmm/internal/manager"
+	"github.com/kmm-project/kmm/cmd/manager/app"
+	"github.com/kmm-project/kmm/internal/validation"
 	"github.com/kmm-project/kmm/test/envtest"
 )
 
@@ -43,10 +44,10 @@ func runWithControlPlane(m *testing.M) int {
 	}
 	defer func() { _ = env.Stop() }()
 
-	opts := manager.DefaultOptions()
+	opts := app.DefaultOptions()
 	opts.MetricsAddr, opts.ProbeAddr, opts.DisableControllers = "0", "0", true
 	opts.WebhookHost, opts.WebhookPort, opts.WebhookCertDir = env.WebhookHost, env.WebhookPort, env.WebhookCertDir
-	mgr, err := manager.New(env.Config, opts)
+	mgr, err := app.New(env.Config, opts)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -62,7 +63,7 @@ func runWithControlPlane(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	k8s, err = client.New(env.Config, client.Options{Scheme: manager.NewScheme()})
+	k8s, err = client.New(env.Config, client.Options{Scheme: app.NewScheme()})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -166,7 +167,7 @@ func TestValidModulesAreAcceptedAndReadBackEqual(t *testing.T) {
 			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(got.Object, typed); err != nil {
 				t.Fatalf("read back does not decode into the Go type: %v", err)
 			}
-			if errs := typed.Validate(); len(errs) != 0 {
+			if errs := validation.Module(typed); len(errs) != 0 {
 				t.Fatalf("the controllers' re-check rejects an admitted Module: %v", errs.ToAggregate())
 			}
 		})
@@ -218,7 +219,7 @@ func normalizeNumber(v any) any {
 
 // TestInvalidModulesAreRejectedWithTheirMessage checks that each invalid manifest is rejected at
 // admission with an error that names the field and says what is wrong, and that the controllers'
-// own re-check (Module.Validate) finds the same field.
+// own re-check (validation.Module) finds the same field.
 func TestInvalidModulesAreRejectedWithTheirMessage(t *testing.T) {
 	manifests := readManifests(t, "invalid")
 	if len(manifests) < 15 {
@@ -239,7 +240,7 @@ func TestInvalidModulesAreRejectedWithTheirMessage(t *testing.T) {
 			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(m.obj.Object, typed); err != nil {
 				t.Fatalf("decoding: %v", err)
 			}
-			assertFieldError(t, typed.Validate(), m.wantField)
+			assertFieldError(t, validation.Module(typed), m.wantField)
 		})
 	}
 }
@@ -262,7 +263,7 @@ func assertFieldError(t *testing.T, errs field.ErrorList, wantField string) {
 	t.Helper()
 	agg := errs.ToAggregate()
 	if agg == nil || !strings.Contains(agg.Error(), wantField) {
-		t.Fatalf("Module.Validate() = %v, want an error on %s", agg, wantField)
+		t.Fatalf("validation.Module() = %v, want an error on %s", agg, wantField)
 	}
 }
 
@@ -314,7 +315,7 @@ func TestVersionCannotBeAddedOrRemoved(t *testing.T) {
 				return
 			}
 			assertRejected(t, err, "spec.moduleLoader.container", tc.wantMsg)
-			assertFieldError(t, m.ValidateUpdate(old), "spec.moduleLoader.container.version")
+			assertFieldError(t, validation.ModuleUpdate(m, old), "spec.moduleLoader.container.version")
 		})
 	}
 }

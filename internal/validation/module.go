@@ -1,4 +1,4 @@
-package v1beta1
+package validation
 
 import (
 	"fmt"
@@ -11,46 +11,43 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
+	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/internal/kernel"
 )
-
-// MaxVersionedNameLength is the longest namespace+name of a Module with a version: its name ends up in
-// node label keys such as kmm.node.kubernetes.io/version-module.<namespace>.<name>, whose name part is
-// at most 63 characters.
-const MaxVersionedNameLength = 39
 
 // sampleKernel is the kernel used to check that image references with variables parse.
 var sampleKernel = kernel.Version{Full: "5.14.0-1.el9.x86_64", Release: []int{5, 14, 0}, Build: 1, HasBuild: true}
 
-// Validate checks every rule of a Module that admission enforces, whether the CRD schema or the
+// Module checks every rule of a Module that admission enforces, whether the CRD schema or the
 // validating webhook enforces it, so that controllers can re-check an object that got in anyway.
-func (m *Module) Validate() field.ErrorList {
+func Module(m *kmmv1beta1.Module) field.ErrorList {
 	spec := field.NewPath("spec")
-	errs := m.validateUnsupported(spec)
+	errs := validateUnsupported(m, spec)
 	if len(m.Spec.Selector) == 0 {
 		errs = append(errs, field.Required(spec.Child("selector"), "selector must not be empty: name the node labels of the nodes that need the module"))
 	}
 	container := spec.Child("moduleLoader", "container")
 	c := &m.Spec.ModuleLoader.Container
-	if c.Version != "" && len(m.Namespace)+len(m.Name) > MaxVersionedNameLength {
+	if c.Version != "" && len(m.Namespace)+len(m.Name) > kmmv1beta1.MaxVersionedNameLength {
 		errs = append(errs, field.Invalid(field.NewPath("metadata", "name"), m.Name, fmt.Sprintf(
 			"with %s set, len(namespace)+len(name) must be at most %d because both go into node label keys; it is %d",
-			container.Child("version"), MaxVersionedNameLength, len(m.Namespace)+len(m.Name))))
+			container.Child("version"), kmmv1beta1.MaxVersionedNameLength, len(m.Namespace)+len(m.Name))))
 	}
 	if c.ContainerImage != "" {
-		errs = append(errs, m.validateImage(container.Child("containerImage"), c.ContainerImage)...)
+		errs = append(errs, validateImage(m, container.Child("containerImage"), c.ContainerImage)...)
 	}
 	errs = append(errs, validatePullPolicy(container.Child("imagePullPolicy"), c.ImagePullPolicy)...)
-	errs = append(errs, m.validateKernelMappings(container.Child("kernelMappings"), c)...)
+	errs = append(errs, validateKernelMappings(m, container.Child("kernelMappings"), c)...)
 	errs = append(errs, validateModprobe(container.Child("modprobe"), &c.Modprobe)...)
-	errs = append(errs, m.validateDevicePlugin(spec.Child("devicePlugin"))...)
+	errs = append(errs, validateDevicePlugin(m, spec.Child("devicePlugin"))...)
 	errs = append(errs, validateUpgradePolicy(spec.Child("upgradePolicy"), m.Spec.UpgradePolicy)...)
 	return errs
 }
 
-// ValidateUpdate checks the rules that compare a Module with its previous revision.
-func (m *Module) ValidateUpdate(old *Module) field.ErrorList {
-	errs := m.Validate()
+// ModuleUpdate checks the rules of Module and those that compare a Module with its previous
+// revision.
+func ModuleUpdate(m, old *kmmv1beta1.Module) field.ErrorList {
+	errs := Module(m)
 	oldVersion, newVersion := old.Spec.ModuleLoader.Container.Version, m.Spec.ModuleLoader.Container.Version
 	versionPath := field.NewPath("spec", "moduleLoader", "container", "version")
 	if (oldVersion == "") != (newVersion == "") {
@@ -70,7 +67,7 @@ func (m *Module) ValidateUpdate(old *Module) field.ErrorList {
 }
 
 // images lists the kmod image references of a Module (the default, then each mapping's).
-func images(m *Module) []string {
+func images(m *kmmv1beta1.Module) []string {
 	c := &m.Spec.ModuleLoader.Container
 	out := []string{c.ContainerImage}
 	for _, km := range c.KernelMappings {
@@ -79,7 +76,7 @@ func images(m *Module) []string {
 	return out
 }
 
-func (m *Module) validateUnsupported(spec *field.Path) field.ErrorList {
+func validateUnsupported(m *kmmv1beta1.Module, spec *field.Path) field.ErrorList {
 	var errs field.ErrorList
 	unsupported := func(p *field.Path, set bool, what string) {
 		if set {
@@ -100,18 +97,18 @@ func (m *Module) validateUnsupported(spec *field.Path) field.ErrorList {
 	return errs
 }
 
-func (m *Module) validateKernelMappings(p *field.Path, c *ModuleLoaderContainerSpec) field.ErrorList {
+func validateKernelMappings(m *kmmv1beta1.Module, p *field.Path, c *kmmv1beta1.ModuleLoaderContainerSpec) field.ErrorList {
 	var errs field.ErrorList
 	if len(c.KernelMappings) == 0 {
 		errs = append(errs, field.Required(p, "at least one kernel mapping is required"))
 	}
 	for i := range c.KernelMappings {
-		errs = append(errs, m.validateKernelMapping(p.Index(i), &c.KernelMappings[i], c.ContainerImage)...)
+		errs = append(errs, validateKernelMapping(m, p.Index(i), &c.KernelMappings[i], c.ContainerImage)...)
 	}
 	return errs
 }
 
-func (m *Module) validateKernelMapping(p *field.Path, km *KernelMapping, defaultImage string) field.ErrorList {
+func validateKernelMapping(m *kmmv1beta1.Module, p *field.Path, km *kmmv1beta1.KernelMapping, defaultImage string) field.ErrorList {
 	var errs field.ErrorList
 	set := 0
 	for _, s := range []string{km.Literal, km.Regexp, km.VersionRange} {
@@ -134,7 +131,7 @@ func (m *Module) validateKernelMapping(p *field.Path, km *KernelMapping, default
 	}
 	switch {
 	case km.ContainerImage != "":
-		errs = append(errs, m.validateImage(p.Child("containerImage"), km.ContainerImage)...)
+		errs = append(errs, validateImage(m, p.Child("containerImage"), km.ContainerImage)...)
 	case defaultImage == "":
 		errs = append(errs, field.Required(p.Child("containerImage"), "every kernelMapping needs a containerImage when container.containerImage is not set"))
 	}
@@ -143,7 +140,7 @@ func (m *Module) validateKernelMapping(p *field.Path, km *KernelMapping, default
 
 // validateImage checks that an image reference, with its variables substituted, parses and names a
 // tag or a digest.
-func (m *Module) validateImage(p *field.Path, image string) field.ErrorList {
+func validateImage(m *kmmv1beta1.Module, p *field.Path, image string) field.ErrorList {
 	expanded, err := kernel.ExpandImage(image, sampleKernel, m.Name, m.Namespace)
 	if err != nil {
 		return field.ErrorList{field.Invalid(p, image, err.Error())}
@@ -179,7 +176,7 @@ func validatePullPolicy(p *field.Path, policy corev1.PullPolicy) field.ErrorList
 	return field.ErrorList{field.NotSupported(p, policy, pullPolicies)}
 }
 
-func validateModprobe(p *field.Path, mp *ModprobeSpec) field.ErrorList {
+func validateModprobe(p *field.Path, mp *kmmv1beta1.ModprobeSpec) field.ErrorList {
 	var errs field.ErrorList
 	if mp.ModuleName == "" && mp.RawArgs == nil {
 		errs = append(errs, field.Required(p.Child("moduleName"), "moduleName is required unless rawArgs is set"))
@@ -202,14 +199,14 @@ func validateModprobe(p *field.Path, mp *ModprobeSpec) field.ErrorList {
 	return errs
 }
 
-func (m *Module) validateDevicePlugin(p *field.Path) field.ErrorList {
+func validateDevicePlugin(m *kmmv1beta1.Module, p *field.Path) field.ErrorList {
 	dp := m.Spec.DevicePlugin
 	if dp == nil {
 		return nil
 	}
 	errs := validateImageReference(p.Child("container", "image"), dp.Container.Image, dp.Container.Image)
 	for i, v := range dp.Volumes {
-		if v.HostPath != nil && !DevicePluginHostPathAllowed(v.HostPath.Path) {
+		if v.HostPath != nil && !kmmv1beta1.DevicePluginHostPathAllowed(v.HostPath.Path) {
 			errs = append(errs, field.Invalid(p.Child("volumes").Index(i).Child("hostPath", "path"), v.HostPath.Path,
 				"a device plugin may mount host paths only under /dev, /sys, /var, /opt or /run, without '..'"))
 		}
@@ -220,26 +217,7 @@ func (m *Module) validateDevicePlugin(p *field.Path) field.ErrorList {
 	return errs
 }
 
-// DevicePluginHostPathPrefixes are the host directories a device plugin pod may mount: devices,
-// sysfs, the kubelet's device-plugin sockets (/var), vendor trees (/opt) and runtime sockets (/run).
-// Device plugin pods are privileged: write access to Modules is root on the selected nodes, and
-// these prefixes keep at least /etc, /root, /home and / itself out of reach of a mount.
-var DevicePluginHostPathPrefixes = []string{"/dev", "/sys", "/var", "/opt", "/run"}
-
-// DevicePluginHostPathAllowed says whether a device plugin may mount host path p.
-func DevicePluginHostPathAllowed(p string) bool {
-	if strings.Contains(p, "..") {
-		return false
-	}
-	for _, prefix := range DevicePluginHostPathPrefixes {
-		if p == prefix || strings.HasPrefix(p, prefix+"/") {
-			return true
-		}
-	}
-	return false
-}
-
-func validateUpgradePolicy(p *field.Path, up *UpgradePolicy) field.ErrorList {
+func validateUpgradePolicy(p *field.Path, up *kmmv1beta1.UpgradePolicy) field.ErrorList {
 	if up == nil {
 		return nil
 	}

@@ -1,4 +1,4 @@
-package v1beta1
+package validation
 
 import (
 	"errors"
@@ -6,13 +6,14 @@ import (
 	"path"
 	"strings"
 
+	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/internal/kernel"
 )
 
-// Validate reports what makes c a config the worker cannot act on. The operator checks it before
+// ModuleConfig reports what makes c a config the worker cannot act on. The operator checks it before
 // creating a worker pod (a config that fails here never reaches a node), and the worker checks it
 // again on the node; both use this one function.
-func (c *ModuleConfig) Validate() error {
+func ModuleConfig(c *kmmv1beta1.ModuleConfig) error {
 	var problems []string
 	switch err := kernel.CheckString(c.KernelVersion); {
 	case c.KernelVersion == "":

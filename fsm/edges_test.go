@@ -1,5 +1,8 @@
 package fsm
 
+// The machine's edges and a replay of transition logs, for the tests that check a log against the
+// machine (production code never replays: the state is stored in the NMC status).
+
 import (
 	"fmt"
 	"sync"
@@ -14,18 +17,14 @@ type Edge struct {
 	To      State
 }
 
-// AllTriggers lists every trigger.
-var AllTriggers = []Trigger{SpecSet, SpecChanged, SpecRemoved, SpecRestored, KernelChanged, NodeRebooted,
-	WorkerSucceeded, WorkerFailed, WorkerTimedOut, WorkerRejected, BackOffExpired, UpgradeRequested, DevicePluginGone, UpgradeAbandoned}
-
 var (
 	edgesOnce sync.Once
 	edges     map[Edge]bool
 )
 
-// Edges returns every transition the machine permits, found by firing each trigger in each state
+// permittedEdges returns every transition the machine permits, found by firing each trigger in each state
 // under every combination of the facts its guards read.
-func Edges() map[Edge]bool {
+func permittedEdges() map[Edge]bool {
 	edgesOnce.Do(func() {
 		edges = map[Edge]bool{}
 		for _, f := range guardFactCombinations() {
@@ -62,9 +61,9 @@ func guardFactCombinations() []*Facts {
 	return out
 }
 
-// Replay replays a transition log from its first entry and returns the state it ends in. Every
+// replay replays a transition log from its first entry and returns the state it ends in. Every
 // entry must start where the previous one ended and be a transition the machine permits.
-func Replay(log []kmmv1beta1.Transition) (State, error) {
+func replay(log []kmmv1beta1.Transition) (State, error) {
 	if len(log) == 0 {
 		return Absent, nil
 	}
@@ -73,7 +72,7 @@ func Replay(log []kmmv1beta1.Transition) (State, error) {
 		if tr.From != state {
 			return state, fmt.Errorf("entry %d starts in %s, but the log was in %s", i, tr.From, state)
 		}
-		if !Edges()[Edge{From: tr.From, Trigger: Trigger(tr.Trigger), To: tr.To}] {
+		if !permittedEdges()[Edge{From: tr.From, Trigger: Trigger(tr.Trigger), To: tr.To}] {
 			return state, fmt.Errorf("entry %d: %s --%s--> %s is not a transition of the machine", i, tr.From, tr.Trigger, tr.To)
 		}
 		state = tr.To

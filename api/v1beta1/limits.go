@@ -1,0 +1,27 @@
+package v1beta1
+
+import "strings"
+
+// MaxVersionedNameLength is the longest namespace+name of a Module with a version: its name ends up in
+// node label keys such as kmm.node.kubernetes.io/version-module.<namespace>.<name>, whose name part is
+// at most 63 characters.
+const MaxVersionedNameLength = 39
+
+// DevicePluginHostPathPrefixes are the host directories a device plugin pod may mount: devices,
+// sysfs, the kubelet's device-plugin sockets (/var), vendor trees (/opt) and runtime sockets (/run).
+// Device plugin pods are privileged: write access to Modules is root on the selected nodes, and
+// these prefixes keep at least /etc, /root, /home and / itself out of reach of a mount.
+var DevicePluginHostPathPrefixes = []string{"/dev", "/sys", "/var", "/opt", "/run"}
+
+// DevicePluginHostPathAllowed says whether a device plugin may mount host path p.
+func DevicePluginHostPathAllowed(p string) bool {
+	if strings.Contains(p, "..") {
+		return false
+	}
+	for _, prefix := range DevicePluginHostPathPrefixes {
+		if p == prefix || strings.HasPrefix(p, prefix+"/") {
+			return true
+		}
+	}
+	return false
+}
