@@ -32,12 +32,14 @@ func devicePluginLabels(m *kmmv1beta1.Module) map[string]string {
 }
 
 // DevicePluginName is the name of a Module's device plugin DaemonSet (one per version when the
-// Module has one, SPEC §7).
+// Module has one, SPEC §7), at most 63 characters (a hash suffix shortens a longer one): its pods
+// carry it as a label value.
 func DevicePluginName(m *kmmv1beta1.Module) string {
+	name := m.Name + "-device-plugin"
 	if v := m.Spec.ModuleLoader.Container.Version; v != "" {
-		return fmt.Sprintf("%s-device-plugin-%s", m.Name, v)
+		name += "-" + v
 	}
-	return m.Name + "-device-plugin"
+	return contract.Bounded(name, contract.MaxLabelValue)
 }
 
 // DevicePluginNodeSelector is where the device plugin runs: nodes with the module loaded (and, with a
@@ -130,7 +132,10 @@ func devicePluginTemplate(dsName string, m *kmmv1beta1.Module, labels map[string
 	tmpl := corev1.PodTemplateSpec{
 		ObjectMeta: metav1.ObjectMeta{Labels: podLabels},
 		Spec: corev1.PodSpec{
-			NodeSelector:                 DevicePluginNodeSelector(m),
+			NodeSelector: DevicePluginNodeSelector(m),
+			// A device plugin is part of the node's function, as upstream KMM runs it: the kubelet
+			// keeps it over ordinary workloads under resource pressure.
+			PriorityClassName:            "system-node-critical",
 			Tolerations:                  m.Spec.Tolerations,
 			ServiceAccountName:           dp.ServiceAccountName,
 			AutomountServiceAccountToken: dp.AutomountServiceAccountToken,

@@ -77,9 +77,19 @@ func (r *NMCReconciler) drainFacts(ctx context.Context, f *nodeFacts, key string
 			continue
 		}
 		out.Pods = append(out.Pods, fsm.WorkloadPod{Namespace: p.Namespace, Name: p.Name, UID: string(p.UID),
-			PDBProtected: protected(p, pdbs), Terminating: p.DeletionTimestamp != nil, Finalizers: len(p.Finalizers) > 0})
+			PDBProtected: protected(p, pdbs), Terminating: p.DeletionTimestamp != nil, Finalizers: len(p.Finalizers) > 0,
+			NodeBound: nodeBound(p)})
 	}
 	return out, nil
+}
+
+// nodeBound says whether a pod belongs to its node: owned by a DaemonSet, or the mirror of a static pod.
+func nodeBound(p *corev1.Pod) bool {
+	if _, mirror := p.Annotations[corev1.MirrorPodAnnotationKey]; mirror {
+		return true
+	}
+	owner := metav1.GetControllerOf(p)
+	return owner != nil && owner.Kind == "DaemonSet"
 }
 
 func (r *NMCReconciler) pdbsFor(ctx context.Context, pods []corev1.Pod) ([]policyv1.PodDisruptionBudget, error) {

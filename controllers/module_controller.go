@@ -148,8 +148,8 @@ func (r *ModuleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	// The finalizer comes before any entry is written, so that a deletion always unloads.
-	if m.DeletionTimestamp.IsZero() && controllerutil.AddFinalizer(m, ModuleFinalizer) {
-		if err := r.Client.Update(ctx, m); err != nil {
+	if m.DeletionTimestamp.IsZero() && !controllerutil.ContainsFinalizer(m, ModuleFinalizer) {
+		if err := r.patchFinalizers(ctx, m, controllerutil.AddFinalizer); err != nil {
 			return ctrl.Result{}, err
 		}
 	}
@@ -159,6 +159,7 @@ func (r *ModuleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 	}
 	scope.decide()
 	errs := r.act(ctx, scope, log)
+	scope.actedOn = errors.Join(errs...) == nil
 	// A refusal for what the object is will not pass by itself: the status and an Event say so
 	// (the error still requeues with back-off, for a refusal that a policy change lifts).
 	scope.refused = refusalMessage(errs...)
@@ -206,6 +207,9 @@ type moduleScope struct {
 	invalid   string
 	// refused quotes the API server's refusal of an object derived from the Module ("" when none).
 	refused string
+	// actedOn says the Module's generation was fully acted on (every write succeeded, or the Module
+	// is invalid and its nodes are left alone): only then is it the status's observedGeneration.
+	actedOn bool
 }
 
 // gather reads every node and NMC (the decision needs each node's labels and kernel).
@@ -329,6 +333,20 @@ func (r *ModuleReconciler) releaseWhenUnloaded(ctx context.Context, s *moduleSco
 		}
 	}
 	log.Info("Every node unloaded the module: releasing the Module")
-	controllerutil.RemoveFinalizer(m, ModuleFinalizer)
-	return client.IgnoreNotFound(r.Client.Update(ctx, m))
+	return client.IgnoreNotFound(r.patchFinalizers(ctx, m, controllerutil.RemoveFinalizer))
+}
+
+// patchFinalizers adds or removes kmm's finalizer with a patch of metadata.finalizers alone
+// (guarded by the resourceVersion): an Update would send the whole object back as the Go types
+// render it, dropping explicit defaults such as insecure: false and adding empty structs, which
+// bumps the generation and shows as drift in GitOps tools.
+func (r *ModuleReconciler) patchFinalizers(ctx context.Context, m *kmmv1beta1.Module, change func(client.Object, string) bool) error {
+	change(m, ModuleFinalizer)
+	data, err := json.Marshal(map[string]any{"metadata": map[string]any{
+		"resourceVersion": m.ResourceVersion, "finalizers": m.Finalizers,
+	}})
+	if err != nil {
+		return err
+	}
+	return r.Client.Patch(ctx, m, client.RawPatch(types.MergePatchType, data))
 }

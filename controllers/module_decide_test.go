@@ -5,6 +5,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
@@ -51,5 +52,46 @@ func TestModuleDecide(t *testing.T) {
 				t.Errorf("decision for n1 = %+v (present %v), want action %v", d, ok, tc.wantAction)
 			}
 		})
+	}
+}
+
+// TestModuleStatusCountsFromDecisions: a Module just created, whose spec entries the cache does not
+// show yet, is not Ready ("loaded on 0 of 1 nodes", not "0 of 0"); and a generation whose writes
+// failed is not stamped as observed.
+func TestModuleStatusCountsFromDecisions(t *testing.T) {
+	m := &kmmv1beta1.Module{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "m", Generation: 2}}
+	m.Status.ObservedGeneration = 1
+	m.Spec.Selector = map[string]string{"gpu": "yes"}
+	c := &m.Spec.ModuleLoader.Container
+	c.Modprobe.ModuleName = "mod"
+	c.KernelMappings = []kmmv1beta1.KernelMapping{{Literal: "6.1.0", ContainerImage: "registry.local/mod:6.1.0"}}
+	node := corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: map[string]string{"gpu": "yes"}}}
+	node.Status.NodeInfo.KernelVersion = "6.1.0"
+	now := metav1.NewTime(time.Unix(100, 0))
+
+	s := &moduleScope{module: m, nodes: []corev1.Node{node}, nmcs: map[string]*kmmv1beta1.NodeModulesConfig{}, decisions: map[string]fsm.SpecDecision{}}
+	s.decide()
+	st := computeModuleStatus(s, nil, now)
+	if st.ModuleLoader.DesiredNumber != 1 || st.ModuleLoader.AvailableNumber != 0 {
+		t.Fatalf("desired/available = %d/%d before the cache shows the spec entry, want 1/0", st.ModuleLoader.DesiredNumber, st.ModuleLoader.AvailableNumber)
+	}
+	if ready := meta.FindStatusCondition(st.Conditions, kmmv1beta1.ConditionReady); ready == nil || ready.Status != metav1.ConditionFalse {
+		t.Fatalf("Ready = %+v before anything is loaded", ready)
+	}
+	if st.ObservedGeneration != 1 {
+		t.Fatalf("observedGeneration = %d after a reconcile that was not fully acted on, want the previous 1", st.ObservedGeneration)
+	}
+
+	// Loaded with the decided config: available, Ready, and the generation is observed.
+	s.actedOn = true
+	s.nmcs["n1"] = &kmmv1beta1.NodeModulesConfig{Status: kmmv1beta1.NodeModulesConfigStatus{Modules: []kmmv1beta1.NodeModuleStatus{{
+		Namespace: "ns", Name: "m", State: kmmv1beta1.StateLoaded, Config: s.decisions["n1"].Entry.Config.DeepCopy(),
+	}}}}
+	st = computeModuleStatus(s, nil, now)
+	if st.ModuleLoader.AvailableNumber != 1 || st.ObservedGeneration != 2 {
+		t.Fatalf("available = %d, observedGeneration = %d; want 1 and 2", st.ModuleLoader.AvailableNumber, st.ObservedGeneration)
+	}
+	if ready := meta.FindStatusCondition(st.Conditions, kmmv1beta1.ConditionReady); ready == nil || ready.Status != metav1.ConditionTrue || ready.ObservedGeneration != 2 {
+		t.Fatalf("Ready = %+v once loaded", ready)
 	}
 }

@@ -83,7 +83,13 @@ func moduleEvent(prev, next []metav1.Condition) (kubeEvent, bool) {
 // is their transition time; writeStatus keeps the old one for a condition that did not change).
 func computeModuleStatus(s *moduleScope, daemonSets []appsv1.DaemonSet, now metav1.Time) kmmv1beta1.ModuleStatus {
 	m := s.module
-	st := kmmv1beta1.ModuleStatus{ObservedGeneration: m.Generation, NodesByState: map[kmmv1beta1.ModuleState]int32{}}
+	// The generation counts as observed only once it was fully acted on: after a failed apply the
+	// previous one stays, so a client waiting on observedGeneration does not stop early.
+	gen := m.Status.ObservedGeneration
+	if s.actedOn {
+		gen = m.Generation
+	}
+	st := kmmv1beta1.ModuleStatus{ObservedGeneration: gen, NodesByState: map[kmmv1beta1.ModuleState]int32{}}
 	var noMapping, failing []string
 	for i := range s.nodes {
 		n := &s.nodes[i]
@@ -95,7 +101,7 @@ func computeModuleStatus(s *moduleScope, daemonSets []appsv1.DaemonSet, now meta
 		if d.Reason == fsm.ReasonNoKernelMapping || d.Reason == fsm.ReasonInvalidKernel {
 			noMapping = append(noMapping, n.Name)
 		}
-		state, desired, available := pairCounts(s.nmcs[n.Name], m)
+		state, desired, available := pairCounts(s.nmcs[n.Name], m, d)
 		st.NodesByState[state]++
 		st.ModuleLoader.DesiredNumber += desired
 		st.ModuleLoader.AvailableNumber += available
@@ -110,25 +116,29 @@ func computeModuleStatus(s *moduleScope, daemonSets []appsv1.DaemonSet, now meta
 		st.DevicePlugin.AvailableNumber += ds.Status.NumberAvailable
 	}
 	problem := moduleProblem{invalid: s.invalid, refused: s.refused}
-	st.Conditions = moduleConditions(problem, st.ModuleLoader, noMapping, failing, m.Generation, now)
+	st.Conditions = moduleConditions(problem, st.ModuleLoader, noMapping, failing, gen, now)
 	return st
 }
 
-// pairCounts returns a node's state for the Module and whether it is desired (has a spec entry)
-// and available (Loaded with the spec's config).
-func pairCounts(nmc *kmmv1beta1.NodeModulesConfig, m *kmmv1beta1.Module) (kmmv1beta1.ModuleState, int32, int32) {
-	if nmc == nil {
-		return kmmv1beta1.StateAbsent, 0, 0
-	}
-	spec, ps := nmc.SpecEntry(m.Namespace, m.Name), nmc.StatusEntry(m.Namespace, m.Name)
+// pairCounts returns a node's state for the Module and whether it is desired and available. Both
+// come from this reconcile's decision for the node, not from the cached NMC spec: the cache lags the
+// operator's own spec writes, and a Module just created would otherwise read "loaded on 0 of 0
+// nodes" (Ready) until it caught up. Desired: the decision wants an entry; available: the pair is
+// Loaded with exactly the decided config.
+func pairCounts(nmc *kmmv1beta1.NodeModulesConfig, m *kmmv1beta1.Module, d fsm.SpecDecision) (kmmv1beta1.ModuleState, int32, int32) {
 	var desired, available int32
-	if spec != nil {
+	want := d.Entry
+	if d.Action != fsm.SpecUpdate {
+		want = nil
+	}
+	if want != nil {
 		desired = 1
 	}
+	ps := nmc.StatusEntry(m.Namespace, m.Name)
 	if ps == nil {
 		return kmmv1beta1.StateAbsent, desired, 0
 	}
-	if spec != nil && ps.State == kmmv1beta1.StateLoaded && ps.Config != nil && semantic.Equal(ps.Config, &spec.Config) {
+	if want != nil && ps.State == kmmv1beta1.StateLoaded && ps.Config != nil && semantic.Equal(ps.Config, &want.Config) {
 		available = 1
 	}
 	return ps.State, desired, available

@@ -93,7 +93,9 @@ type nodeFacts struct {
 	nodeCopied bool
 	workers    map[string]*corev1.Pod // by module key
 	dpRunning  map[string]bool        // by module key
+	dpReady    map[string]bool        // by module key: a device plugin pod is Ready
 	modulesSet map[string]bool        // module keys whose Module exists and is not being deleted
+	moduleKeys map[string]bool        // module keys of every Module, being deleted or not
 	drains     map[string]*kmmv1beta1.DrainSpec
 	refused    map[string]fsm.CreateRefusal // worker pods the API server refused, by module key
 }
@@ -153,7 +155,7 @@ func (r *NMCReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 
 func (r *NMCReconciler) gather(ctx context.Context, name string) (*nodeFacts, error) {
 	f := &nodeFacts{nmc: &kmmv1beta1.NodeModulesConfig{}, node: &corev1.Node{}, workers: map[string]*corev1.Pod{},
-		dpRunning: map[string]bool{}, modulesSet: map[string]bool{}, refused: map[string]fsm.CreateRefusal{}}
+		dpRunning: map[string]bool{}, dpReady: map[string]bool{}, modulesSet: map[string]bool{}, moduleKeys: map[string]bool{}, refused: map[string]fsm.CreateRefusal{}}
 	// Everything is read as the cache holds it, without copies (this runs for every event on every
 	// node); the writes copy the NMC or the Node first (writableNMC, writableNode).
 	if err := r.Client.Get(ctx, client.ObjectKey{Name: name}, f.nmc, client.UnsafeDisableDeepCopy); err != nil {
@@ -176,6 +178,7 @@ func (r *NMCReconciler) gather(ctx context.Context, name string) (*nodeFacts, er
 		return nil, err
 	}
 	for _, m := range modules.Items {
+		f.moduleKeys[m.Namespace+"/"+m.Name] = true
 		if m.DeletionTimestamp.IsZero() {
 			f.modulesSet[m.Namespace+"/"+m.Name] = true
 		}
@@ -195,7 +198,9 @@ func collectPod(f *nodeFacts, p *corev1.Pod, node string) {
 	}
 	// A device plugin pod counts until it is gone, Terminating included: it may still use the module.
 	if p.Labels[contract.LabelDevicePlugin] != "" && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
-		f.dpRunning[p.Labels[contract.LabelModuleNamespace]+"/"+p.Labels[contract.LabelModuleName]] = true
+		key := p.Labels[contract.LabelModuleNamespace] + "/" + p.Labels[contract.LabelModuleName]
+		f.dpRunning[key] = true
+		f.dpReady[key] = f.dpReady[key] || podReady(p)
 	}
 }
 
@@ -408,14 +413,12 @@ func (r *NMCReconciler) createWorker(ctx context.Context, node, key string, in *
 	return nil
 }
 
-// patchLabels sets the ready and version.ready labels of every pair as planned, and removes those
-// of modules the node no longer knows; it writes only when something changes.
+// patchLabels sets the ready and version.ready labels of every pair as planned, and removes the
+// others of known Modules; it writes only when something changes.
 func (r *NMCReconciler) patchLabels(ctx context.Context, f *nodeFacts, outcomes []pairOutcome) error {
 	desired := map[string]*string{}
-	for key := range f.node.Labels {
-		if kmmv1beta1.IsStateLabel(key) {
-			desired[key] = nil
-		}
+	for _, key := range ownedStateLabels(f.node.Labels, f.moduleKeys, pairKeys(f)) {
+		desired[key] = nil
 	}
 	for _, o := range outcomes {
 		ns, name, _ := strings.Cut(o.key, "/")
@@ -425,6 +428,10 @@ func (r *NMCReconciler) patchLabels(ctx context.Context, f *nodeFacts, outcomes 
 		}
 		if v := o.result.Plan.VersionReady; v != "" {
 			desired[kmmv1beta1.VersionReadyLabel(ns, name)] = &v
+		}
+		if o.result.Plan.Ready && f.dpReady[o.key] {
+			v := ""
+			desired[kmmv1beta1.DevicePluginReadyLabel(ns, name)] = &v
 		}
 	}
 	patch := map[string]any{}
@@ -438,6 +445,35 @@ func (r *NMCReconciler) patchLabels(ctx context.Context, f *nodeFacts, outcomes 
 		return nil
 	}
 	return r.Client.Patch(ctx, f.writableNode(), client.RawPatch(types.MergePatchType, labelsPatch(patch)))
+}
+
+// ownedStateLabels are the ready and version.ready labels of nodeLabels that belong to a known Module:
+// one that exists (being deleted or not) or has a pair on the node. A label is kmm's only when it
+// equals the key kmm derives for such a Module: dots are legal in Module names, so a suffix such as
+// ".ready" says nothing (kmm.node.kubernetes.io/upgrade-skip.ns.gpu.ready is the user's label of a
+// Module named gpu.ready, not the ready label of a Module "ns.gpu" in namespace "upgrade-skip").
+func ownedStateLabels(nodeLabels map[string]string, modules map[string]bool, pairs []string) []string {
+	var out []string
+	seen := map[string]bool{}
+	check := func(key string) {
+		if seen[key] {
+			return
+		}
+		seen[key] = true
+		ns, name, _ := strings.Cut(key, "/")
+		for _, label := range []string{kmmv1beta1.ReadyLabel(ns, name), kmmv1beta1.VersionReadyLabel(ns, name), kmmv1beta1.DevicePluginReadyLabel(ns, name)} {
+			if _, ok := nodeLabels[label]; ok {
+				out = append(out, label)
+			}
+		}
+	}
+	for key := range modules {
+		check(key)
+	}
+	for _, key := range pairs {
+		check(key)
+	}
+	return out
 }
 
 // labelsPatch is a JSON merge patch of node labels (nil values remove a label).
@@ -465,4 +501,17 @@ func (r *NMCReconciler) deleteIfEmpty(ctx context.Context, f *nodeFacts) error {
 	}
 	rv := f.nmc.ResourceVersion
 	return ignoreGone(r.Client.Delete(ctx, f.nmc, client.Preconditions{ResourceVersion: &rv}))
+}
+
+// podReady says whether a pod's Ready condition is true (and it is not being deleted).
+func podReady(p *corev1.Pod) bool {
+	if p.DeletionTimestamp != nil {
+		return false
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }

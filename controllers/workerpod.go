@@ -1,8 +1,6 @@
 package controllers
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"path"
@@ -31,12 +29,7 @@ const (
 // WorkerPodName is the deterministic name of a pair's worker pod: at most one exists per pair
 // because the API server refuses a second pod of the same name.
 func WorkerPodName(node, namespace, name string) string {
-	n := fmt.Sprintf("kmm-worker-%s-%s-%s", node, namespace, name)
-	if len(n) <= 253 {
-		return n
-	}
-	sum := sha256.Sum256([]byte(n))
-	return n[:236] + "-" + hex.EncodeToString(sum[:8])
+	return contract.Bounded(fmt.Sprintf("kmm-worker-%s-%s-%s", node, namespace, name), 253)
 }
 
 // WorkerPod builds the worker pod for an intent on a node (SPEC §6): bound to the node, never
@@ -122,7 +115,7 @@ func workerLabels(node string, e *kmmv1beta1.NodeModuleSpec, action fsm.WorkerAc
 	return map[string]string{
 		contract.LabelManagedBy:       contract.ManagedBy,
 		contract.LabelWorker:          "true",
-		contract.LabelNode:            node,
+		contract.LabelNode:            contract.Bounded(node, contract.MaxLabelValue),
 		contract.LabelModuleNamespace: e.Namespace,
 		contract.LabelModuleName:      e.Name,
 		contract.LabelAction:          string(action),

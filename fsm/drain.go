@@ -30,6 +30,10 @@ type WorkloadPod struct {
 	Terminating bool
 	// Finalizers: the pod has finalizers.
 	Finalizers bool
+	// NodeBound: the pod belongs to the node, owned by a DaemonSet or a static (mirror) pod; a
+	// drain never touches it (seed 004's predicate: any pod but a DaemonSet's), as kubectl drain
+	// --ignore-daemonsets does.
+	NodeBound bool
 }
 
 // DrainFacts are the facts of an upgrade drain.
@@ -67,7 +71,7 @@ func (f *Facts) remainingWorkloads() []WorkloadPod {
 	}
 	var out []WorkloadPod
 	for _, p := range f.Drain.Pods {
-		if !ignored(f.Drain.Policy, p.Namespace) {
+		if !p.NodeBound && !ignored(f.Drain.Policy, p.Namespace) {
 			out = append(out, p)
 		}
 	}
@@ -83,18 +87,21 @@ func ignored(policy *kmmv1beta1.DrainSpec, namespace string) bool {
 	return false
 }
 
-// MayDrain says whether the pair is draining or may start to in this step (Loaded with an upgrade
-// requested or a spec that no longer equals the loaded config): the reconciler reads the node's
+// MayDrain says whether the pair is draining or may start to in this step: something is loaded
+// (Loaded, or Loading or LoadBackOff while a loaded config is still recorded) and an upgrade is
+// requested or the spec no longer equals the loaded config. The reconciler reads the node's
 // workload pods, an API call, only then.
 func (f *Facts) MayDrain() bool {
 	st := f.Status
-	if st.State == DevicePluginDraining {
+	switch {
+	case st.State == DevicePluginDraining:
 		return true
-	}
-	if st.State != Loaded || st.Config == nil {
+	case st.Config == nil:
 		return false
+	case st.State == Loaded || st.State == Loading || st.State == LoadBackOff:
+		return f.Node.UpgradeTarget != "" || f.needsUnload()
 	}
-	return f.Node.UpgradeTarget != "" || f.needsUnload()
+	return false
 }
 
 // uncordonPending says whether a finished drain's cordon is still on the node.
@@ -110,7 +117,8 @@ func planDrain(f *Facts) *DrainPlan {
 	pol := f.Drain.Policy
 	elapsed := f.Now.Sub(f.Status.Drain.StartTime.Time)
 	deleteAfter := time.Duration(pol.TimeoutSeconds) * time.Second
-	forceAfter := time.Duration(pol.PDBForceDrainTimeoutSeconds) * time.Second
+	// Seed 004: the PDB strategy runs at drain start + expected drain time + PDB force timeout.
+	forceAfter := time.Duration(pol.ExpectedDrainSeconds+pol.PDBForceDrainTimeoutSeconds) * time.Second
 	p := &DrainPlan{Cordon: !f.Drain.NodeCordoned, Strategy: StrategyEvict}
 	esc := escalation{on: !pol.DisableDrainStrategies, deleteDue: elapsed >= deleteAfter, forceDue: elapsed >= forceAfter}
 	for _, w := range f.remainingWorkloads() {

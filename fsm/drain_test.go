@@ -25,6 +25,7 @@ var (
 	guarded = WorkloadPod{Namespace: "app", Name: "guarded", PDBProtected: true}
 	stuck   = WorkloadPod{Namespace: "app", Name: "stuck", Terminating: true, Finalizers: true}
 	system  = WorkloadPod{Namespace: "kube-system", Name: "sys"}
+	daemon  = WorkloadPod{Namespace: "app", Name: "daemon", NodeBound: true}
 	policy  = kmmv1beta1.DrainSpec{TimeoutSeconds: 60, PDBForceDrainTimeoutSeconds: 300, IgnoredNamespacePatterns: []string{"^kube-"}}
 )
 
@@ -47,12 +48,14 @@ func TestDrainEscalates(t *testing.T) {
 		{"before the timeout: evict only, PDBs honoured by the Eviction API", 10 * time.Second, policy, "plain guarded ", "", "", StrategyEvict, false},
 		{"after timeoutSeconds: delete non-PDB pods, strip finalizers of stuck ones", 61 * time.Second, policy, "guarded ", "plain ", "stuck ", StrategyDeleteNonPDB, false},
 		{"after pdbForceDrainTimeoutSeconds: PDB pods too", 301 * time.Second, policy, "", "plain guarded ", "stuck ", StrategyForceDeletePDB, true},
+		{"with an expected drain time, PDB pods wait for it too", 301 * time.Second, withExpected(policy, 120), "guarded ", "plain ", "stuck ", StrategyDeleteNonPDB, false},
+		{"after expected drain time + pdbForceDrainTimeoutSeconds: PDB pods too", 421 * time.Second, withExpected(policy, 120), "", "plain guarded ", "stuck ", StrategyForceDeletePDB, true},
 		{"strategies disabled: eviction only, timed out after the timeout", 400 * time.Second,
 			kmmv1beta1.DrainSpec{TimeoutSeconds: 60, PDBForceDrainTimeoutSeconds: 300, DisableDrainStrategies: true, IgnoredNamespacePatterns: []string{"^kube-"}}, "plain guarded ", "", "", StrategyEvict, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			r := Step(drainingFacts(tc.elapsed, tc.policy, plain, guarded, stuck, system))
+			r := Step(drainingFacts(tc.elapsed, tc.policy, plain, guarded, stuck, system, daemon))
 			p := r.Plan.Drain
 			if p == nil {
 				t.Fatal("no drain plan")
@@ -163,7 +166,9 @@ func TestMayDrain(t *testing.T) {
 		{"loaded, upgrade asked", Loaded, &cfg, "v2", true},
 		{"loaded, spec changed", Loaded, &other, "", true},
 		{"loaded, spec removed", Loaded, nil, "", true},
-		{"loading", Loading, &other, "v2", false},
+		{"loading, spec changed, something loaded", Loading, &other, "", true},
+		{"load back-off, spec removed, something loaded", LoadBackOff, nil, "", true},
+		{"unloading", Unloading, &other, "v2", false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -177,4 +182,35 @@ func TestMayDrain(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestSpecChangeWhileLoadingDrainsWhatIsLoaded: a pair that is Loading or in LoadBackOff while a
+// loaded config is still recorded drains the workloads before the unload, as from Loaded (it used to
+// go straight to Unloading: MayDrain answered false outside Loaded, so no workload was read).
+func TestSpecChangeWhileLoadingDrainsWhatIsLoaded(t *testing.T) {
+	v1, v2 := entry(k1, "r/m:v1", "v1"), entry(k1, "r/m:v2", "v2")
+	for _, state := range []State{Loading, LoadBackOff} {
+		t.Run(string(state), func(t *testing.T) {
+			f := facts(v2, loaded(state, v1), readyNode(k1))
+			if !f.MayDrain() {
+				t.Fatal("MayDrain() = false with a loaded config and a changed spec")
+			}
+			f.Drain = DrainFacts{Policy: &policy, Pods: []WorkloadPod{plain}}
+			r := check(t, f, want{state: DevicePluginDraining})
+			if r.Plan.Drain == nil || len(r.Plan.Drain.Evict) != 1 {
+				t.Fatalf("no eviction of the workload planned: %+v", r.Plan.Drain)
+			}
+		})
+	}
+}
+
+func withExpected(p kmmv1beta1.DrainSpec, seconds int32) kmmv1beta1.DrainSpec {
+	p.ExpectedDrainSeconds = seconds
+	return p
+}
+
+// TestNodeBoundPodsNeverBlockADrain: a DaemonSet's pod (or a static pod) stays on the node and the
+// drain finishes without it (seed 004: any pod but a DaemonSet's).
+func TestNodeBoundPodsNeverBlockADrain(t *testing.T) {
+	check(t, drainingFacts(time.Second, policy, daemon), want{state: Unloading, create: ActionUnload})
 }

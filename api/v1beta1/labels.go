@@ -15,6 +15,12 @@ func VersionReadyLabel(namespace, name string) string {
 	return labelDomain + namespace + "." + name + ".version.ready"
 }
 
+// DevicePluginReadyLabel marks a node where the Module's device plugin pod is Ready (upstream KMM's
+// device-plugin-ready label).
+func DevicePluginReadyLabel(namespace, name string) string {
+	return labelDomain + namespace + "." + name + ".device-plugin-ready"
+}
+
 // ModuleVersionLabel is the user's label requesting a module version on a node (ordered upgrade).
 func ModuleVersionLabel(namespace, name string) string {
 	return "kmm.node.kubernetes.io/version-module." + namespace + "." + name
@@ -37,13 +43,6 @@ const (
 	workerPodVersionPrefix    = "beta.kmm.node.kubernetes.io/version-worker-pod."
 	devicePluginVersionPrefix = "beta.kmm.node.kubernetes.io/version-device-plugin."
 )
-
-// IsStateLabel says whether a node label key is a ready or version.ready label (ReadyLabel,
-// VersionReadyLabel): the labels the NMC controller owns.
-func IsStateLabel(key string) bool {
-	rest, ok := strings.CutPrefix(key, labelDomain)
-	return ok && !strings.HasPrefix(rest, "version-module.") && strings.HasSuffix(rest, ".ready")
-}
 
 // ParseInternalVersionLabel returns the Module ("<ns>/<name>") of an internal version label key
 // (WorkerPodVersionLabel, DevicePluginVersionLabel); ok is false for any other key. A namespace

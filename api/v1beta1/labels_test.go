@@ -2,19 +2,7 @@ package v1beta1
 
 import "testing"
 
-func TestLabelClassification(t *testing.T) {
-	state := []string{ReadyLabel("ns", "a"), VersionReadyLabel("ns", "a.b")}
-	notState := []string{ModuleVersionLabel("ns", "a"), WorkerPodVersionLabel("ns", "a"), UpgradeSkipLabel("ns", "a"), "kubernetes.io/hostname", "other.io/x.ready"}
-	for _, k := range state {
-		if !IsStateLabel(k) {
-			t.Errorf("IsStateLabel(%q) = false", k)
-		}
-	}
-	for _, k := range notState {
-		if IsStateLabel(k) {
-			t.Errorf("IsStateLabel(%q) = true", k)
-		}
-	}
+func TestParseInternalVersionLabel(t *testing.T) {
 	for key, want := range map[string]string{
 		WorkerPodVersionLabel("ns", "a.b"):                     "ns/a.b",
 		DevicePluginVersionLabel("ns", "c"):                    "ns/c",

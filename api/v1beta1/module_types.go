@@ -137,7 +137,8 @@ type ModprobeSpec struct {
 // +kubebuilder:validation:XValidation:rule="(has(self.modprobe.moduleName) && size(self.modprobe.moduleName) > 0) || has(self.modprobe.rawArgs)",message="moduleName is required unless rawArgs is set",fieldPath=".modprobe.moduleName"
 // +kubebuilder:validation:XValidation:rule="!has(self.modprobe.modulesLoadingOrder) || size(self.modprobe.modulesLoadingOrder) == 0 || (has(self.modprobe.moduleName) && self.modprobe.modulesLoadingOrder[0] == self.modprobe.moduleName)",message="the first entry of modulesLoadingOrder must equal moduleName",fieldPath=".modprobe.modulesLoadingOrder"
 // +kubebuilder:validation:XValidation:rule="(has(self.containerImage) && size(self.containerImage) > 0) || self.kernelMappings.all(m, has(m.containerImage) && size(m.containerImage) > 0)",message="every kernelMapping needs a containerImage when container.containerImage is not set"
-// +kubebuilder:validation:XValidation:rule="(has(oldSelf.version) && size(oldSelf.version) > 0) == (has(self.version) && size(self.version) > 0)",message="version cannot be added to or removed from an existing Module: delete and recreate the Module"
+// +kubebuilder:validation:XValidation:rule="(has(oldSelf.version) && size(oldSelf.version) > 0) == (has(self.version) && size(self.version) > 0)",message="version cannot be added to or removed from an existing Module: delete and recreate the Module",fieldPath=".version"
+// +kubebuilder:validation:XValidation:rule="!has(self.modprobe.rawArgs) || (has(self.modprobe.rawArgs.load) && has(self.modprobe.rawArgs.unload))",message="rawArgs needs both load and unload: without unload arguments the module could never be unloaded",fieldPath=".modprobe.rawArgs"
 type ModuleLoaderContainerSpec struct {
 	// Build is upstream's in-cluster build; kmm does not build images.
 	// +kubebuilder:validation:Type=object
@@ -289,6 +290,13 @@ type DrainSpec struct {
 	// +optional
 	PDBForceDrainTimeoutSeconds int32 `json:"pdbForceDrainTimeoutSeconds,omitempty"`
 
+	// ExpectedDrainSeconds is the best-case time a drain takes (seed 004's expected node drain
+	// time): pods protected by a PodDisruptionBudget are deleted only ExpectedDrainSeconds +
+	// PDBForceDrainTimeoutSeconds after the drain started.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	ExpectedDrainSeconds int32 `json:"expectedDrainSeconds,omitempty"`
+
 	// IgnoredNamespacePatterns are Go regular expressions; pods in matching namespaces are never
 	// subject to the escalating strategies.
 	// +optional
@@ -393,6 +401,8 @@ type ModuleStatus struct {
 
 // Module is a kernel module that should be loaded on the nodes its selector matches.
 //
+// +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 40",message="metadata.name may have at most 40 characters: len(namespace)+len(name) must be at most 41 because both go into node label keys"
+// +kubebuilder:validation:XValidation:rule="!has(self.spec.moduleLoader) || !has(self.spec.moduleLoader.container.version) || size(self.spec.moduleLoader.container.version) == 0 || size(self.metadata.name) <= 38",message="metadata.name may have at most 38 characters with spec.moduleLoader.container.version set: len(namespace)+len(name) must be at most 39 because both go into node label keys"
 // +kubebuilder:object:root=true
 // +kubebuilder:resource:scope=Namespaced
 // +kubebuilder:subresource:status

@@ -28,7 +28,11 @@ func Module(m *kmmv1beta1.Module) field.ErrorList {
 	}
 	container := spec.Child("moduleLoader", "container")
 	c := &m.Spec.ModuleLoader.Container
-	if c.Version != "" && len(m.Namespace)+len(m.Name) > kmmv1beta1.MaxVersionedNameLength {
+	if len(m.Namespace)+len(m.Name) > kmmv1beta1.MaxNameLength {
+		errs = append(errs, field.Invalid(field.NewPath("metadata", "name"), m.Name, fmt.Sprintf(
+			"len(namespace)+len(name) must be at most %d because both go into node label keys; it is %d",
+			kmmv1beta1.MaxNameLength, len(m.Namespace)+len(m.Name))))
+	} else if c.Version != "" && len(m.Namespace)+len(m.Name) > kmmv1beta1.MaxVersionedNameLength {
 		errs = append(errs, field.Invalid(field.NewPath("metadata", "name"), m.Name, fmt.Sprintf(
 			"with %s set, len(namespace)+len(name) must be at most %d because both go into node label keys; it is %d",
 			container.Child("version"), kmmv1beta1.MaxVersionedNameLength, len(m.Namespace)+len(m.Name))))
@@ -41,6 +45,12 @@ func Module(m *kmmv1beta1.Module) field.ErrorList {
 	errs = append(errs, validateModprobe(container.Child("modprobe"), &c.Modprobe)...)
 	errs = append(errs, validateDevicePlugin(m, spec.Child("devicePlugin"))...)
 	errs = append(errs, validateUpgradePolicy(spec.Child("upgradePolicy"), m.Spec.UpgradePolicy)...)
+	errs = append(errs, validateSelector(spec.Child("selector"), m.Spec.Selector)...)
+	errs = append(errs, validateTolerations(spec.Child("tolerations"), m.Spec.Tolerations)...)
+	errs = append(errs, validateServiceAccount(spec.Child("moduleLoader", "serviceAccountName"), m.Spec.ModuleLoader.ServiceAccountName)...)
+	if dp := m.Spec.DevicePlugin; dp != nil {
+		errs = append(errs, validateServiceAccount(spec.Child("devicePlugin", "serviceAccountName"), dp.ServiceAccountName)...)
+	}
 	return errs
 }
 
@@ -184,6 +194,10 @@ func validateModprobe(p *field.Path, mp *kmmv1beta1.ModprobeSpec) field.ErrorLis
 	if mp.FirmwarePath != "" && path.Clean("/"+mp.FirmwarePath) == "/" {
 		errs = append(errs, field.Invalid(p.Child("firmwarePath"), mp.FirmwarePath,
 			"firmwarePath must be a directory below the image root, not /: the whole image would be copied to the host"))
+	}
+	if raw := mp.RawArgs; raw != nil && (len(raw.Load) == 0 || len(raw.Unload) == 0) {
+		errs = append(errs, field.Required(p.Child("rawArgs"),
+			"rawArgs needs both load and unload: without unload arguments the module could never be unloaded"))
 	}
 	order := mp.ModulesLoadingOrder
 	if len(order) > 0 && order[0] != mp.ModuleName {

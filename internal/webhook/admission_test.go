@@ -237,7 +237,7 @@ func TestInvalidModulesAreRejectedWithTheirMessage(t *testing.T) {
 			assertRejected(t, err, m.wantField, m.wantMsg)
 
 			typed := &kmmv1beta1.Module{}
-			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(m.obj.Object, typed); err != nil {
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(obj.Object, typed); err != nil {
 				t.Fatalf("decoding: %v", err)
 			}
 			assertFieldError(t, validation.Module(typed), m.wantField)
@@ -314,7 +314,7 @@ func TestVersionCannotBeAddedOrRemoved(t *testing.T) {
 				}
 				return
 			}
-			assertRejected(t, err, "spec.moduleLoader.container", tc.wantMsg)
+			assertRejected(t, err, "spec.moduleLoader.container.version", tc.wantMsg)
 			assertFieldError(t, validation.ModuleUpdate(m, old), "spec.moduleLoader.container.version")
 		})
 	}
