@@ -31,6 +31,12 @@ FUZZ_TARGETS := ./fsm:FuzzModel:30000x ./fsm:FuzzLabelKeys:20000x ./internal/ker
 TEST_PACKAGES := kmod gcc
 # Debian packages `make test-vm` needs besides the kernel, which it downloads into bin/vm-cache/.
 VM_TEST_PACKAGES := qemu-system-x86 kmod
+# Debian packages of `make e2e`'s real node (docs/e2e.md).
+E2E_PACKAGES := containerd runc containernetworking-plugins iptables conntrack
+# The e2e cluster's folder; a failed run keeps its logs in bin/e2e/failed-<time>.
+E2E_DIR := $(BIN)/e2e/run
+# Which e2e tests run (go test -run).
+E2E_RUN ?= .
 
 ##@ General
 
@@ -84,6 +90,14 @@ test: tools packages ## Run all tests: unit, property (RAPID_CHECKS interleaving
 test-vm: ## Boot a Debian kernel under qemu (TCG) and check that the real worker loads and unloads real modules in it (test/vm).
 	@test/scripts/ensure-packages.sh $(VM_TEST_PACKAGES)
 	go test -tags vm -count=1 -v ./test/vm/
+
+# The trap undoes the cluster's host side effects when the test dies without its own teardown (a
+# `go test -timeout` panic runs no deferred function); after a clean teardown it finds nothing to do.
+.PHONY: e2e
+e2e: $(CONTROL_PLANE) $(BIN)/kubelet ## Bring up a real node (kubelet, containerd, runc) on a local control plane and test it (test/e2e, as root; docs/e2e.md).
+	@test/scripts/ensure-packages.sh $(E2E_PACKAGES)
+	go build -o $(BIN)/e2e-cleanup ./test/e2e/cleanup
+	trap '$(BIN)/e2e-cleanup $(E2E_DIR)' EXIT; go test -tags e2e -count=1 -timeout 15m -v -run '$(E2E_RUN)' ./test/e2e/
 
 .PHONY: fuzz
 fuzz: ## Run every fuzz target for FUZZ_TIME each (or the count its entry gives).
@@ -142,6 +156,10 @@ $(BIN)/etcd: $(TOOLS_MOD)
 $(BIN)/kube-%: $(TOOLS_MOD)
 	@echo ">> building kube-$* into bin/ (first run only; kube-apiserver takes a few minutes on 2 cores)"
 	cd test/tools && go build -o $@ k8s.io/kubernetes/cmd/kube-$*
+
+$(BIN)/kubelet: $(TOOLS_MOD)
+	@echo ">> building kubelet into bin/ (first run only; about 90 s on 2 cores)"
+	cd test/tools && go build -o $@ k8s.io/kubernetes/cmd/kubelet
 
 $(CONTROLLER_GEN):
 	GOBIN=$(BIN) go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_TOOLS_VERSION)

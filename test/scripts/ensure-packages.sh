@@ -8,6 +8,7 @@ command_of() {
   case "$1" in
     kmod) echo modprobe ;;
     qemu-system-x86) echo qemu-system-x86_64 ;;
+    containernetworking-plugins) echo /usr/lib/cni/bridge ;;
     *) echo "$1" ;;
   esac
 }
