@@ -135,10 +135,37 @@ verify: generate manifests diagrams fmt ## Regenerate everything and fail if the
 build: ## Build the operator binaries into bin/.
 	CGO_ENABLED=0 go build -o $(BIN)/manager ./cmd/manager
 
+# `make images` and `make push-images` (hack/images, docs/images.md). Names and tag of the images;
+# the layouts are bin/images/kmm-manager and bin/images/kmm-worker whatever the names.
+IMAGE_TAG ?= dev
+MANAGER_IMAGE ?= kmm-manager
+WORKER_IMAGE ?= kmm-worker
+IMAGE_PLATFORMS ?= linux/amd64,linux/arm64
+# Time of every file and config in the images: the last commit's, so that two builds of one commit
+# give the same digests.
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+# Where push-images pushes, host[:port] (plain HTTP for localhost and 127.0.0.1).
+REGISTRY ?=
+ifneq ($(filter push-images,$(MAKECMDGOALS)),)
+ifeq ($(REGISTRY),)
+$(error make push-images: set REGISTRY=host:port)
+endif
+endif
+
+.PHONY: images
+images: ## Build both images as OCI layouts in bin/images/ (IMAGE_PLATFORMS); calls no Docker engine, only go, apt-get download and dpkg-deb.
+	go run ./hack/images build --out $(BIN)/images --cache $(BIN)/images/cache --platforms $(IMAGE_PLATFORMS) \
+		--epoch $(SOURCE_DATE_EPOCH) --tag $(IMAGE_TAG)
+
+.PHONY: push-images
+push-images: images ## Push both images to REGISTRY=host:port as MANAGER_IMAGE:IMAGE_TAG and WORKER_IMAGE:IMAGE_TAG.
+	go run ./hack/images push --layout $(BIN)/images/kmm-manager --ref $(REGISTRY)/$(MANAGER_IMAGE):$(IMAGE_TAG)
+	go run ./hack/images push --layout $(BIN)/images/kmm-worker --ref $(REGISTRY)/$(WORKER_IMAGE):$(IMAGE_TAG)
+
 .PHONY: docker-build
-docker-build: ## Build the operator and worker images (needs a Docker engine).
-	docker build --target manager -t kmm-manager:dev .
-	docker build --target worker -t kmm-worker:dev .
+docker-build: ## Build the same two images with a Docker engine, from the Dockerfile (make images needs none).
+	docker build --target manager -t $(MANAGER_IMAGE):$(IMAGE_TAG) .
+	docker build --target worker -t $(WORKER_IMAGE):$(IMAGE_TAG) .
 
 ##@ Tools
 

@@ -7,6 +7,7 @@ set -euo pipefail
 command_of() {
   case "$1" in
     kmod) echo modprobe ;;
+    ca-certificates) echo update-ca-certificates ;;
     qemu-system-x86) echo qemu-system-x86_64 ;;
     containernetworking-plugins) echo /usr/lib/cni/bridge ;;
     *) echo "$1" ;;
