@@ -22,23 +22,24 @@ import (
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/controllers"
 	"github.com/kmm-project/kmm/fsm"
+	"github.com/kmm-project/kmm/test/testbed"
 )
 
 // TestLoadOnThreeNodes: all pairs Loaded, ready labels, status 3/3/3 and Ready, device plugin DaemonSet.
 func TestLoadOnThreeNodes(t *testing.T) {
-	startOperator(t)
-	tb := newTestBed(t, 3, kernelA)
-	m := tb.module("nic")
+	cluster.StartOperator(t)
+	tb := cluster.NewBed(t, 3, testbed.KernelA)
+	m := tb.Module("nic")
 	m.Spec.DevicePlugin = &kmmv1beta1.DevicePluginSpec{Container: kmmv1beta1.DevicePluginContainerSpec{Image: "reg.example.com/nic-dp:1"}}
-	tb.create(m)
+	tb.Create(m)
 
-	tb.waitLoaded("nic", "reg.example.com/nic:a", tb.nodes...)
-	for _, n := range tb.nodes {
-		if _, ok := getNode(t, n).Labels[kmmv1beta1.ReadyLabel(tb.ns, "nic")]; !ok {
+	tb.WaitLoaded("nic", "reg.example.com/nic:a", tb.Nodes...)
+	for _, n := range tb.Nodes {
+		if _, ok := cluster.Node(t, n).Labels[kmmv1beta1.ReadyLabel(tb.NS, "nic")]; !ok {
 			t.Errorf("node %s lacks the ready label", n)
 		}
 	}
-	eventually(t, 20*time.Second, func() (bool, string) {
+	testbed.Eventually(t, 20*time.Second, func() (bool, string) {
 		got := &kmmv1beta1.Module{}
 		if err := k8s.Get(context.Background(), client.ObjectKeyFromObject(m), got); err != nil {
 			return false, err.Error()
@@ -50,35 +51,35 @@ func TestLoadOnThreeNodes(t *testing.T) {
 			fmt.Sprintf("status %+v conditions %+v", got.Status.ModuleLoader, got.Status.Conditions)
 	})
 	ds := &appsv1.DaemonSet{}
-	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: tb.ns, Name: controllers.DevicePluginName(m)}, ds); err != nil {
+	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: tb.NS, Name: controllers.DevicePluginName(m)}, ds); err != nil {
 		t.Fatalf("device plugin DaemonSet: %v", err)
 	}
-	if _, ok := ds.Spec.Template.Spec.NodeSelector[kmmv1beta1.ReadyLabel(tb.ns, "nic")]; !ok || ds.Spec.Template.Spec.Containers[0].Image != "reg.example.com/nic-dp:1" {
+	if _, ok := ds.Spec.Template.Spec.NodeSelector[kmmv1beta1.ReadyLabel(tb.NS, "nic")]; !ok || ds.Spec.Template.Spec.Containers[0].Image != "reg.example.com/nic-dp:1" {
 		t.Fatalf("device plugin DaemonSet selects %v with image %s", ds.Spec.Template.Spec.NodeSelector, ds.Spec.Template.Spec.Containers[0].Image)
 	}
-	for _, n := range tb.nodes {
-		if c := node.RunCount(n, tb.ns+"/nic"); c != 1 {
+	for _, n := range tb.Nodes {
+		if c := node.RunCount(n, tb.NS+"/nic"); c != 1 {
 			t.Errorf("node %s ran %d worker pods for one load, want 1", n, c)
 		}
 	}
 	assertMetric(t, "kmm_transitions_total", "Loading", "Loaded", "WorkerSucceeded")
-	assertMetric(t, "kmm_pairs", tb.ns, "nic", "Loaded")
+	assertMetric(t, "kmm_pairs", tb.NS, "nic", "Loaded")
 	assertMetric(t, "kmm_worker_pod_duration_seconds", "load", "Succeeded")
 	assertLoadEvents(t, tb, m)
 }
 
 // assertLoadEvents checks where the Events of a load went: every NMC has its Loading -> Loaded
 // transition, the Module has its own AllLoaded Event and no per-node success Event.
-func assertLoadEvents(t *testing.T, tb *testBed, m *kmmv1beta1.Module) {
+func assertLoadEvents(t *testing.T, tb *testbed.Bed, m *kmmv1beta1.Module) {
 	t.Helper()
-	eventually(t, 10*time.Second, func() (bool, string) {
+	testbed.Eventually(t, 10*time.Second, func() (bool, string) {
 		nmcEvents, moduleEvents := &eventsv1.EventList{}, &eventsv1.EventList{}
 		_ = k8s.List(context.Background(), nmcEvents, client.InNamespace(metav1.NamespaceDefault))
-		_ = k8s.List(context.Background(), moduleEvents, client.InNamespace(tb.ns))
+		_ = k8s.List(context.Background(), moduleEvents, client.InNamespace(tb.NS))
 		loadedOn := map[string]bool{}
 		for _, e := range nmcEvents.Items {
 			if e.Regarding.Kind == "NodeModulesConfig" && e.Reason == string(fsm.WorkerSucceeded) &&
-				e.Related != nil && e.Related.Name == m.Name && e.Related.Namespace == tb.ns {
+				e.Related != nil && e.Related.Name == m.Name && e.Related.Namespace == tb.NS {
 				loadedOn[e.Regarding.Name] = true
 			}
 		}
@@ -92,8 +93,8 @@ func assertLoadEvents(t *testing.T, tb *testBed, m *kmmv1beta1.Module) {
 			}
 			allLoaded = allLoaded || (e.Reason == kmmv1beta1.ReasonAllLoaded && e.Type == corev1.EventTypeNormal)
 		}
-		return len(loadedOn) == len(tb.nodes) && allLoaded,
-			fmt.Sprintf("WorkerSucceeded Events on the NMCs of %v of %d nodes; AllLoaded on the Module: %v", loadedOn, len(tb.nodes), allLoaded)
+		return len(loadedOn) == len(tb.Nodes) && allLoaded,
+			fmt.Sprintf("WorkerSucceeded Events on the NMCs of %v of %d nodes; AllLoaded on the Module: %v", loadedOn, len(tb.Nodes), allLoaded)
 	})
 }
 
@@ -101,7 +102,7 @@ func assertLoadEvents(t *testing.T, tb *testBed, m *kmmv1beta1.Module) {
 // given label value.
 func assertMetric(t *testing.T, name string, values ...string) {
 	t.Helper()
-	eventually(t, 10*time.Second, func() (bool, string) {
+	testbed.Eventually(t, 10*time.Second, func() (bool, string) {
 		families, err := metrics.Registry.Gather()
 		if err != nil {
 			return false, err.Error()
@@ -127,65 +128,65 @@ func assertMetric(t *testing.T, name string, values ...string) {
 
 // TestKernelUpgradeLoadsTheNewMappingAndUnmappedKernelIsReported.
 func TestKernelUpgradeLoadsTheNewMappingAndUnmappedKernelIsReported(t *testing.T) {
-	startOperator(t)
-	tb := newTestBed(t, 1, kernelA)
-	tb.addNode(tb.nodes[0]+"-old", "4.18.0-1.el8.x86_64")
-	tb.create(tb.module("nic"))
-	tb.waitLoaded("nic", "reg.example.com/nic:a", tb.nodes[0])
+	cluster.StartOperator(t)
+	tb := cluster.NewBed(t, 1, testbed.KernelA)
+	tb.AddNode(tb.Nodes[0]+"-old", "4.18.0-1.el8.x86_64")
+	tb.Create(tb.Module("nic"))
+	tb.WaitLoaded("nic", "reg.example.com/nic:a", tb.Nodes[0])
 
-	if err := node.SetKernel(context.Background(), tb.nodes[0], kernelB); err != nil {
+	if err := node.SetKernel(context.Background(), tb.Nodes[0], testbed.KernelB); err != nil {
 		t.Fatal(err)
 	}
-	tb.waitLoaded("nic", "reg.example.com/nic:b-6.1.0", tb.nodes[0])
+	tb.WaitLoaded("nic", "reg.example.com/nic:b-6.1.0", tb.Nodes[0])
 
-	eventually(t, 20*time.Second, func() (bool, string) {
+	testbed.Eventually(t, 20*time.Second, func() (bool, string) {
 		got := &kmmv1beta1.Module{}
-		_ = k8s.Get(context.Background(), client.ObjectKey{Namespace: tb.ns, Name: "nic"}, got)
+		_ = k8s.Get(context.Background(), client.ObjectKey{Namespace: tb.NS, Name: "nic"}, got)
 		c := meta.FindStatusCondition(got.Status.Conditions, kmmv1beta1.ConditionDegraded)
-		return c != nil && c.Status == metav1.ConditionTrue && c.Reason == kmmv1beta1.ReasonNoKernelMapping && strings.Contains(c.Message, tb.nodes[1]),
+		return c != nil && c.Status == metav1.ConditionTrue && c.Reason == kmmv1beta1.ReasonNoKernelMapping && strings.Contains(c.Message, tb.Nodes[1]),
 			fmt.Sprintf("Degraded condition %+v", c)
 	})
-	if st := pairStatus(tb.nodes[1], tb.ns, "nic"); st != nil && st.State != kmmv1beta1.StateAbsent {
-		t.Fatalf("the unmapped node has state %s", describe(st))
+	if st := cluster.PairStatus(tb.Nodes[1], tb.NS, "nic"); st != nil && st.State != kmmv1beta1.StateAbsent {
+		t.Fatalf("the unmapped node has state %s", testbed.Describe(st))
 	}
-	if len(workerPodsOn(t, tb.nodes[1])) != 0 || node.RunCount(tb.nodes[1], tb.ns+"/nic") != 0 {
+	if len(workerPodsOn(t, tb.Nodes[1])) != 0 || node.RunCount(tb.Nodes[1], tb.NS+"/nic") != 0 {
 		t.Fatal("a worker pod ran on the node without a kernel mapping")
 	}
 }
 
 // TestRebootReloads: a new boot ID reloads the module.
 func TestRebootReloads(t *testing.T) {
-	startOperator(t)
-	tb := newTestBed(t, 1, kernelA)
-	tb.create(tb.module("nic"))
-	n := tb.nodes[0]
-	tb.waitLoaded("nic", "reg.example.com/nic:a", n)
+	cluster.StartOperator(t)
+	tb := cluster.NewBed(t, 1, testbed.KernelA)
+	tb.Create(tb.Module("nic"))
+	n := tb.Nodes[0]
+	tb.WaitLoaded("nic", "reg.example.com/nic:a", n)
 
 	if err := node.Reboot(context.Background(), n); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := node.Loaded(n)[tb.ns+"/nic"]; ok {
+	if _, ok := node.Loaded(n)[tb.NS+"/nic"]; ok {
 		t.Fatal("the agent still has the module loaded after a reboot")
 	}
-	tb.waitLoaded("nic", "reg.example.com/nic:a", n)
-	if st := pairStatus(n, tb.ns, "nic"); st.BootID != node.BootID(n) {
+	tb.WaitLoaded("nic", "reg.example.com/nic:a", n)
+	if st := cluster.PairStatus(n, tb.NS, "nic"); st.BootID != node.BootID(n) {
 		t.Fatalf("status boot ID %s, node boot ID %s", st.BootID, node.BootID(n))
 	}
-	if c := node.RunCount(n, tb.ns+"/nic"); c != 2 {
+	if c := node.RunCount(n, tb.NS+"/nic"); c != 2 {
 		t.Fatalf("%d worker runs, want 2 (load, reload)", c)
 	}
 }
 
 // TestNotReadyNodeGetsNoWorkerPod: rule 1 of seed 000.
 func TestNotReadyNodeGetsNoWorkerPod(t *testing.T) {
-	startOperator(t)
-	tb := newTestBed(t, 1, kernelA)
-	n := tb.nodes[0]
+	cluster.StartOperator(t)
+	tb := cluster.NewBed(t, 1, testbed.KernelA)
+	n := tb.Nodes[0]
 	if err := node.SetReady(context.Background(), n, false); err != nil {
 		t.Fatal(err)
 	}
-	tb.create(tb.module("nic"))
-	eventually(t, 20*time.Second, func() (bool, string) {
+	tb.Create(tb.Module("nic"))
+	testbed.Eventually(t, 20*time.Second, func() (bool, string) {
 		nmc := &kmmv1beta1.NodeModulesConfig{}
 		err := k8s.Get(context.Background(), client.ObjectKey{Name: n}, nmc)
 		return err == nil && len(nmc.Spec.Modules) == 1, "the NMC spec entry of the NotReady node"
@@ -197,35 +198,35 @@ func TestNotReadyNodeGetsNoWorkerPod(t *testing.T) {
 	if err := node.SetReady(context.Background(), n, true); err != nil {
 		t.Fatal(err)
 	}
-	tb.waitLoaded("nic", "reg.example.com/nic:a", n)
+	tb.WaitLoaded("nic", "reg.example.com/nic:a", n)
 }
 
 // TestWorkerFailureBacksOffAndFixingTheImageRecovers.
 func TestWorkerFailureBacksOffAndFixingTheImageRecovers(t *testing.T) {
-	startOperator(t)
-	tb := newTestBed(t, 1, kernelA)
-	n := tb.nodes[0]
-	m := tb.module("nic")
+	cluster.StartOperator(t)
+	tb := cluster.NewBed(t, 1, testbed.KernelA)
+	n := tb.Nodes[0]
+	m := tb.Module("nic")
 	m.Spec.ModuleLoader.Container.KernelMappings[0].ContainerImage = "reg.example.com/nic:broken"
-	tb.create(m)
+	tb.Create(m)
 
-	eventually(t, 30*time.Second, func() (bool, string) {
-		st := pairStatus(n, tb.ns, "nic")
-		return st != nil && st.Attempts >= 2, "two failed attempts: " + describe(pairStatus(n, tb.ns, "nic"))
+	testbed.Eventually(t, 30*time.Second, func() (bool, string) {
+		st := cluster.PairStatus(n, tb.NS, "nic")
+		return st != nil && st.Attempts >= 2, "two failed attempts: " + testbed.Describe(cluster.PairStatus(n, tb.NS, "nic"))
 	})
-	st := pairStatus(n, tb.ns, "nic")
+	st := cluster.PairStatus(n, tb.NS, "nic")
 	if st.Reason != "ImagePull" || !strings.Contains(st.Message, "MANIFEST_UNKNOWN") {
 		t.Errorf("status reason %q, message %q: the failure class is not given as data", st.Reason, st.Message)
 	}
-	eventually(t, 20*time.Second, func() (bool, string) {
+	testbed.Eventually(t, 20*time.Second, func() (bool, string) {
 		got := &kmmv1beta1.Module{}
 		_ = k8s.Get(context.Background(), client.ObjectKeyFromObject(m), got)
 		c := meta.FindStatusCondition(got.Status.Conditions, kmmv1beta1.ConditionDegraded)
 		return c != nil && c.Status == metav1.ConditionTrue && c.Reason == kmmv1beta1.ReasonWorkerFailing, fmt.Sprintf("Degraded %+v", c)
 	})
-	eventually(t, 20*time.Second, func() (bool, string) {
+	testbed.Eventually(t, 20*time.Second, func() (bool, string) {
 		evs := &eventsv1.EventList{}
-		_ = k8s.List(context.Background(), evs, client.InNamespace(tb.ns))
+		_ = k8s.List(context.Background(), evs, client.InNamespace(tb.NS))
 		for _, e := range evs.Items {
 			if e.Reason == "ImagePull" && e.Type == corev1.EventTypeWarning && e.Regarding.Name == "nic" {
 				return true, ""
@@ -235,82 +236,82 @@ func TestWorkerFailureBacksOffAndFixingTheImageRecovers(t *testing.T) {
 	})
 
 	setFirstImage(t, m, "reg.example.com/nic:fixed")
-	tb.waitLoaded("nic", "reg.example.com/nic:fixed", n)
-	if st := pairStatus(n, tb.ns, "nic"); st.Attempts != 0 {
+	tb.WaitLoaded("nic", "reg.example.com/nic:fixed", n)
+	if st := cluster.PairStatus(n, tb.NS, "nic"); st.Attempts != 0 {
 		t.Fatalf("attempts %d after a success, want 0", st.Attempts)
 	}
 }
 
 // TestModuleDeletionUnloadsEverywhereAndLeavesNothing.
 func TestModuleDeletionUnloadsEverywhereAndLeavesNothing(t *testing.T) {
-	startOperator(t)
-	tb := newTestBed(t, 2, kernelA)
-	m := tb.module("nic")
+	cluster.StartOperator(t)
+	tb := cluster.NewBed(t, 2, testbed.KernelA)
+	m := tb.Module("nic")
 	m.Spec.DevicePlugin = &kmmv1beta1.DevicePluginSpec{Container: kmmv1beta1.DevicePluginContainerSpec{Image: "reg.example.com/nic-dp:1"}}
-	tb.create(m)
-	tb.waitLoaded("nic", "reg.example.com/nic:a", tb.nodes...)
+	tb.Create(m)
+	tb.WaitLoaded("nic", "reg.example.com/nic:a", tb.Nodes...)
 
-	v := tb.versionedModule("gpu", "v1")
-	tb.create(v)
-	for _, n := range tb.nodes {
-		setNodeLabel(t, n, kmmv1beta1.ModuleVersionLabel(tb.ns, "gpu"), "v1")
+	v := tb.VersionedModule("gpu", "v1")
+	tb.Create(v)
+	for _, n := range tb.Nodes {
+		cluster.SetNodeLabel(t, n, kmmv1beta1.ModuleVersionLabel(tb.NS, "gpu"), "v1")
 	}
-	tb.waitLoaded("gpu", "reg.example.com/gpu:v1", tb.nodes...)
+	tb.WaitLoaded("gpu", "reg.example.com/gpu:v1", tb.Nodes...)
 
 	for _, obj := range []client.Object{m, v} {
 		if err := k8s.Delete(context.Background(), obj); err != nil {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, 30*time.Second, func() (bool, string) {
+	testbed.Eventually(t, 30*time.Second, func() (bool, string) {
 		err := k8s.Get(context.Background(), client.ObjectKeyFromObject(m), &kmmv1beta1.Module{})
 		err2 := k8s.Get(context.Background(), client.ObjectKeyFromObject(v), &kmmv1beta1.Module{})
 		return apierrors.IsNotFound(err) && apierrors.IsNotFound(err2), "the Modules to be gone (finalizers released)"
 	})
 	// The last transition of each pair (it leaves the NMC status) has its Event too (issue 13: the
 	// controller panicked on it), and the internal version labels go with the versioned Module.
-	eventually(t, 10*time.Second, func() (bool, string) {
+	testbed.Eventually(t, 10*time.Second, func() (bool, string) {
 		evs := &eventsv1.EventList{}
 		_ = k8s.List(context.Background(), evs, client.InNamespace(metav1.NamespaceDefault))
 		gone := map[string]bool{}
 		for _, e := range evs.Items {
-			if e.Regarding.Kind == "NodeModulesConfig" && e.Related != nil && e.Related.Namespace == tb.ns && e.Related.Name == "nic" &&
+			if e.Regarding.Kind == "NodeModulesConfig" && e.Related != nil && e.Related.Namespace == tb.NS && e.Related.Name == "nic" &&
 				strings.Contains(e.Note, "Unloading -> Absent") {
 				gone[e.Regarding.Name] = true
 			}
 		}
 		labelsLeft := []string{}
-		for _, n := range tb.nodes {
-			for k := range getNode(t, n).Labels {
-				if strings.Contains(k, tb.ns+".gpu") && !strings.Contains(k, "version-module") {
+		for _, n := range tb.Nodes {
+			for k := range cluster.Node(t, n).Labels {
+				if strings.Contains(k, tb.NS+".gpu") && !strings.Contains(k, "version-module") {
 					labelsLeft = append(labelsLeft, n+":"+k)
 				}
 			}
 		}
-		return len(gone) == len(tb.nodes) && len(labelsLeft) == 0,
+		return len(gone) == len(tb.Nodes) && len(labelsLeft) == 0,
 			fmt.Sprintf("Unloading -> Absent Events on %v; internal labels left %v", gone, labelsLeft)
 	})
-	for _, n := range tb.nodes {
-		if _, ok := node.Loaded(n)[tb.ns+"/nic"]; ok {
+	for _, n := range tb.Nodes {
+		if _, ok := node.Loaded(n)[tb.NS+"/nic"]; ok {
 			t.Errorf("still loaded on %s", n)
 		}
-		for k := range getNode(t, n).Labels {
-			if strings.Contains(k, tb.ns+".nic") || strings.Contains(k, "version-worker-pod."+tb.ns+".gpu") || strings.Contains(k, "version-device-plugin."+tb.ns+".gpu") {
+		for k := range cluster.Node(t, n).Labels {
+			if strings.Contains(k, tb.NS+".nic") || strings.Contains(k, "version-worker-pod."+tb.NS+".gpu") || strings.Contains(k, "version-device-plugin."+tb.NS+".gpu") {
 				t.Errorf("node %s keeps label %s", n, k)
 			}
 		}
-		if st := pairStatus(n, tb.ns, "nic"); st != nil {
-			t.Errorf("NMC of %s keeps %s", n, describe(st))
+		if st := cluster.PairStatus(n, tb.NS, "nic"); st != nil {
+			t.Errorf("NMC of %s keeps %s", n, testbed.Describe(st))
 		}
-		if runs := unloadRuns(n, tb.ns+"/nic"); runs != 1 {
+		if runs := unloadRuns(n, tb.NS+"/nic"); runs != 1 {
 			t.Errorf("%d unload runs on %s, want 1", runs, n)
 		}
 	}
-	eventually(t, 10*time.Second, func() (bool, string) {
+	testbed.Eventually(t, 10*time.Second, func() (bool, string) {
 		list := &appsv1.DaemonSetList{}
-		_ = k8s.List(context.Background(), list, client.InNamespace(tb.ns))
+		_ = k8s.List(context.Background(), list, client.InNamespace(tb.NS))
 		pods := &corev1.PodList{}
-		_ = k8s.List(context.Background(), pods, client.InNamespace(tb.ns))
+		_ = k8s.List(context.Background(), pods, client.InNamespace(tb.NS))
 		return len(list.Items) == 0 && len(pods.Items) == 0, fmt.Sprintf("%d DaemonSets and %d pods left", len(list.Items), len(pods.Items))
 	})
 }
@@ -328,11 +329,11 @@ func unloadRuns(n, module string) int {
 // TestConcurrentModulesKeepEachOthersEntries edits two Modules at once on the same nodes and
 // checks every NMC revision: once both entries are there, neither ever disappears.
 func TestConcurrentModulesKeepEachOthersEntries(t *testing.T) {
-	startOperator(t)
-	tb := newTestBed(t, 3, kernelA)
-	revisions := watchNMCs(t, tb.nodes)
+	cluster.StartOperator(t)
+	tb := cluster.NewBed(t, 3, testbed.KernelA)
+	revisions := watchNMCs(t, tb.Nodes)
 	for _, name := range []string{"alpha", "beta"} {
-		tb.create(tb.module(name))
+		tb.Create(tb.Module(name))
 	}
 	var wg sync.WaitGroup
 	for _, name := range []string{"alpha", "beta"} {
@@ -340,17 +341,17 @@ func TestConcurrentModulesKeepEachOthersEntries(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := range 5 {
-				setImage(t, tb.ns, name, fmt.Sprintf("reg.example.com/%s:v%d", name, i))
+				setImage(t, tb.NS, name, fmt.Sprintf("reg.example.com/%s:v%d", name, i))
 			}
 		}()
 	}
 	wg.Wait()
-	tb.waitLoaded("alpha", "reg.example.com/alpha:v4", tb.nodes...)
-	tb.waitLoaded("beta", "reg.example.com/beta:v4", tb.nodes...)
+	tb.WaitLoaded("alpha", "reg.example.com/alpha:v4", tb.Nodes...)
+	tb.WaitLoaded("beta", "reg.example.com/beta:v4", tb.Nodes...)
 	for n, revs := range revisions.snapshot() {
 		both := false
 		for _, entries := range revs {
-			has := entries[tb.ns+"/alpha"] && entries[tb.ns+"/beta"]
+			has := entries[tb.NS+"/alpha"] && entries[tb.NS+"/beta"]
 			if both && !has {
 				t.Fatalf("an NMC revision of %s lost an entry: %v", n, entries)
 			}
@@ -399,7 +400,7 @@ func watchNMCs(t *testing.T, nodes []string) *nmcRevisions {
 		want[n] = true
 	}
 	r := &nmcRevisions{revs: map[string][]map[string]bool{}}
-	watchForTest(t, &kmmv1beta1.NodeModulesConfigList{}, func(_ watch.EventType, nmc *kmmv1beta1.NodeModulesConfig) {
+	testbed.Watch(t, cluster, &kmmv1beta1.NodeModulesConfigList{}, func(_ watch.EventType, nmc *kmmv1beta1.NodeModulesConfig) {
 		if !want[nmc.Name] {
 			return
 		}
@@ -417,31 +418,31 @@ func watchNMCs(t *testing.T, nodes []string) *nmcRevisions {
 // TestOperatorRestartMidLoad stops the operator while load pods run and starts a new one: no
 // second worker pod for any pair, and every pair converges.
 func TestOperatorRestartMidLoad(t *testing.T) {
-	op := startOperator(t)
-	tb := newTestBed(t, 3, kernelA)
+	op := cluster.StartOperator(t)
+	tb := cluster.NewBed(t, 3, testbed.KernelA)
 	var hold sync.Map
 	hold.Store("on", true)
 	node.SetHold(func(p *corev1.Pod) bool {
 		_, on := hold.Load("on")
-		return on && p.Namespace == tb.ns
+		return on && p.Namespace == tb.NS
 	})
 	t.Cleanup(func() { node.SetHold(nil) })
-	tb.create(tb.module("nic"))
-	eventually(t, 20*time.Second, func() (bool, string) {
-		for _, n := range tb.nodes {
+	tb.Create(tb.Module("nic"))
+	testbed.Eventually(t, 20*time.Second, func() (bool, string) {
+		for _, n := range tb.Nodes {
 			if len(workerPodsOn(t, n)) != 1 {
 				return false, "a running load pod on " + n
 			}
 		}
 		return true, ""
 	})
-	op.stop()
-	startOperator(t)
+	op.Stop()
+	cluster.StartOperator(t)
 	time.Sleep(2 * time.Second) // the new operator sees the running pods and must not add any
 	hold.Delete("on")
-	tb.waitLoaded("nic", "reg.example.com/nic:a", tb.nodes...)
-	for _, n := range tb.nodes {
-		if c := node.RunCount(n, tb.ns+"/nic"); c != 1 {
+	tb.WaitLoaded("nic", "reg.example.com/nic:a", tb.Nodes...)
+	for _, n := range tb.Nodes {
+		if c := node.RunCount(n, tb.NS+"/nic"); c != 1 {
 			t.Errorf("%d worker runs on %s across the restart, want 1", c, n)
 		}
 	}

@@ -8,7 +8,6 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	eventsv1 "k8s.io/api/events/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -19,6 +18,7 @@ import (
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/fsm"
+	"github.com/kmm-project/kmm/test/testbed"
 )
 
 // TestUpgradeDrain upgrades one node whose workloads use the module: a Deployment under a PDB
@@ -26,52 +26,52 @@ import (
 // PDB is honoured until the force timeout, the finalizer is stripped, the ignored pod is left
 // alone, the node is cordoned during the drain and uncordoned after, and v2 ends loaded.
 func TestUpgradeDrain(t *testing.T) {
-	startOperator(t)
-	tb := newTestBed(t, 1, kernelA)
-	n := tb.nodes[0]
+	cluster.StartOperator(t)
+	tb := cluster.NewBed(t, 1, testbed.KernelA)
+	n := tb.Nodes[0]
 	ctx := context.Background()
-	setNodeLabel(t, n, kmmv1beta1.ModuleVersionLabel(tb.ns, "nic"), "v1")
-	m := tb.versionedModule("nic", "v1")
+	cluster.SetNodeLabel(t, n, kmmv1beta1.ModuleVersionLabel(tb.NS, "nic"), "v1")
+	m := tb.VersionedModule("nic", "v1")
 	m.Spec.UpgradePolicy = &kmmv1beta1.UpgradePolicy{Drain: &kmmv1beta1.DrainSpec{
 		PodSelector:                 &metav1.LabelSelector{MatchLabels: map[string]string{"app": "uses-nic"}},
 		TimeoutSeconds:              2,
 		PDBForceDrainTimeoutSeconds: 4,
 		IgnoredNamespacePatterns:    []string{"^ignored-"},
 	}}
-	tb.create(m)
-	tb.waitLoaded("nic", "reg.example.com/nic:v1", n)
+	tb.Create(m)
+	tb.WaitLoaded("nic", "reg.example.com/nic:v1", n)
 
-	ignoredNS := "ignored-" + tb.ns
-	tb.create(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ignoredNS}})
+	ignoredNS := "ignored-" + tb.NS
+	tb.Create(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ignoredNS}})
 	workloads(t, tb, n, ignoredNS)
 
-	bumpVersion(t, m, "v2", "reg.example.com/nic:v2")
-	setNodeLabel(t, n, kmmv1beta1.ModuleVersionLabel(tb.ns, "nic"), "v2")
-	eventually(t, 20*time.Second, func() (bool, string) {
-		st := pairStatus(n, tb.ns, "nic")
-		return getNode(t, n).Spec.Unschedulable && st != nil && st.Drain != nil, "the node cordoned by the drain: " + describe(st)
+	cluster.BumpVersion(t, m, "v2", "reg.example.com/nic:v2")
+	cluster.SetNodeLabel(t, n, kmmv1beta1.ModuleVersionLabel(tb.NS, "nic"), "v2")
+	testbed.Eventually(t, 20*time.Second, func() (bool, string) {
+		st := cluster.PairStatus(n, tb.NS, "nic")
+		return cluster.Node(t, n).Spec.Unschedulable && st != nil && st.Drain != nil, "the node cordoned by the drain: " + testbed.Describe(st)
 	})
-	tb.waitLoaded("nic", "reg.example.com/nic:v2", n)
+	tb.WaitLoaded("nic", "reg.example.com/nic:v2", n)
 	// The reconcile that records Loaded uncordons right after its status write: give it that moment.
-	eventually(t, 5*time.Second, func() (bool, string) {
-		return !getNode(t, n).Spec.Unschedulable, "the node uncordoned after the upgrade"
+	testbed.Eventually(t, 5*time.Second, func() (bool, string) {
+		return !cluster.Node(t, n).Spec.Unschedulable, "the node uncordoned after the upgrade"
 	})
-	assertPassedThrough(t, n, tb.ns, fsm.DevicePluginDraining, fsm.Unloading, fsm.Upgrading, fsm.Loading, fsm.Loaded)
-	if err := k8s.Get(ctx, client.ObjectKey{Namespace: tb.ns, Name: "stuck"}, &corev1.Pod{}); !apierrors.IsNotFound(err) {
+	cluster.AssertPassedThrough(t, n, tb.NS, fsm.DevicePluginDraining, fsm.Unloading, fsm.Upgrading, fsm.Loading, fsm.Loaded)
+	if err := k8s.Get(ctx, client.ObjectKey{Namespace: tb.NS, Name: "stuck"}, &corev1.Pod{}); !apierrors.IsNotFound(err) {
 		t.Errorf("the pod held by a finalizer is still there (%v)", err)
 	}
 	kept := &corev1.Pod{}
 	if err := k8s.Get(ctx, client.ObjectKey{Namespace: ignoredNS, Name: "bystander"}, kept); err != nil || kept.DeletionTimestamp != nil {
 		t.Errorf("the pod in the ignored namespace was touched: %v %v", err, kept.DeletionTimestamp)
 	}
-	assertEvents(t, tb.ns, "DrainStrippedFinalizers", "DrainDeleted")
+	cluster.AssertEvents(t, tb.NS, "DrainStrippedFinalizers", "DrainDeleted")
 }
 
 // workloads creates the drain's targets on node n.
-func workloads(t *testing.T, tb *testBed, n, ignoredNS string) {
+func workloads(t *testing.T, tb *testbed.Bed, n, ignoredNS string) {
 	t.Helper()
 	labels := map[string]string{"app": "uses-nic"}
-	tb.create(&appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: tb.ns, Name: "web"}, Spec: appsv1.DeploymentSpec{
+	tb.Create(&appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: tb.NS, Name: "web"}, Spec: appsv1.DeploymentSpec{
 		Replicas: ptr.To[int32](2),
 		Selector: &metav1.LabelSelector{MatchLabels: labels},
 		Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: corev1.PodSpec{
@@ -80,16 +80,16 @@ func workloads(t *testing.T, tb *testBed, n, ignoredNS string) {
 		}},
 	}})
 	minAvailable := intstr.FromInt32(1)
-	tb.create(&policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Namespace: tb.ns, Name: "web"},
+	tb.Create(&policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Namespace: tb.NS, Name: "web"},
 		Spec: policyv1.PodDisruptionBudgetSpec{MinAvailable: &minAvailable, Selector: &metav1.LabelSelector{MatchLabels: labels}}})
 	for _, p := range []*corev1.Pod{
-		{ObjectMeta: metav1.ObjectMeta{Namespace: tb.ns, Name: "stuck", Labels: labels, Finalizers: []string{"kmm.test/hold"}}},
+		{ObjectMeta: metav1.ObjectMeta{Namespace: tb.NS, Name: "stuck", Labels: labels, Finalizers: []string{"kmm.test/hold"}}},
 		{ObjectMeta: metav1.ObjectMeta{Namespace: ignoredNS, Name: "bystander", Labels: labels}},
 	} {
 		p.Spec = corev1.PodSpec{NodeName: n, Containers: []corev1.Container{{Name: "c", Image: "reg.example.com/app:1"}}}
-		tb.create(p)
+		tb.Create(p)
 	}
-	eventually(t, 30*time.Second, func() (bool, string) {
+	testbed.Eventually(t, 30*time.Second, func() (bool, string) {
 		pods := &corev1.PodList{}
 		_ = k8s.List(context.Background(), pods, client.MatchingLabels(labels))
 		running := 0
@@ -102,66 +102,48 @@ func workloads(t *testing.T, tb *testBed, n, ignoredNS string) {
 	})
 }
 
-func assertEvents(t *testing.T, ns string, reasons ...string) {
-	t.Helper()
-	eventually(t, 10*time.Second, func() (bool, string) {
-		evs := &eventsv1.EventList{}
-		_ = k8s.List(context.Background(), evs, client.InNamespace(ns))
-		seen := map[string]bool{}
-		for _, e := range evs.Items {
-			seen[e.Reason] = true
-		}
-		for _, r := range reasons {
-			if !seen[r] {
-				return false, "an Event with reason " + r
-			}
-		}
-		return true, ""
-	})
-}
-
 // TestDrainTimeoutGauge: with the escalations disabled, a PodDisruptionBudget that forbids every
 // eviction holds the drain past its timeouts; kmm_node_drain_timeout rises for the node, and resets
 // once the administrator resolves it (here: removes the PDB) and the upgrade goes on.
 func TestDrainTimeoutGauge(t *testing.T) {
-	startOperator(t)
-	tb := newTestBed(t, 1, kernelA)
-	n := tb.nodes[0]
+	cluster.StartOperator(t)
+	tb := cluster.NewBed(t, 1, testbed.KernelA)
+	n := tb.Nodes[0]
 	ctx := context.Background()
-	setNodeLabel(t, n, kmmv1beta1.ModuleVersionLabel(tb.ns, "nic"), "v1")
-	m := tb.versionedModule("nic", "v1")
+	cluster.SetNodeLabel(t, n, kmmv1beta1.ModuleVersionLabel(tb.NS, "nic"), "v1")
+	m := tb.VersionedModule("nic", "v1")
 	m.Spec.UpgradePolicy = &kmmv1beta1.UpgradePolicy{Drain: &kmmv1beta1.DrainSpec{
 		PodSelector:    &metav1.LabelSelector{MatchLabels: map[string]string{"app": "uses-nic"}},
 		TimeoutSeconds: 1, PDBForceDrainTimeoutSeconds: 2, DisableDrainStrategies: true,
 	}}
-	tb.create(m)
-	tb.waitLoaded("nic", "reg.example.com/nic:v1", n)
+	tb.Create(m)
+	tb.WaitLoaded("nic", "reg.example.com/nic:v1", n)
 	labels := map[string]string{"app": "uses-nic"}
-	tb.create(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: tb.ns, Name: "db", Labels: labels},
+	tb.Create(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: tb.NS, Name: "db", Labels: labels},
 		Spec: corev1.PodSpec{NodeName: n, Containers: []corev1.Container{{Name: "db", Image: "reg.example.com/db:1"}}}})
 	minAvailable := intstr.FromInt32(1)
-	pdb := &policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Namespace: tb.ns, Name: "db"},
+	pdb := &policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Namespace: tb.NS, Name: "db"},
 		Spec: policyv1.PodDisruptionBudgetSpec{MinAvailable: &minAvailable, Selector: &metav1.LabelSelector{MatchLabels: labels}}}
-	tb.create(pdb)
-	eventually(t, 20*time.Second, func() (bool, string) {
+	tb.Create(pdb)
+	testbed.Eventually(t, 20*time.Second, func() (bool, string) {
 		got := &policyv1.PodDisruptionBudget{}
 		_ = k8s.Get(ctx, client.ObjectKeyFromObject(pdb), got)
 		return got.Status.CurrentHealthy == 1 && got.Status.DisruptionsAllowed == 0, fmt.Sprintf("PDB status %+v", got.Status)
 	})
 
-	bumpVersion(t, m, "v2", "reg.example.com/nic:v2")
-	setNodeLabel(t, n, kmmv1beta1.ModuleVersionLabel(tb.ns, "nic"), "v2")
-	eventually(t, 20*time.Second, func() (bool, string) {
+	cluster.BumpVersion(t, m, "v2", "reg.example.com/nic:v2")
+	cluster.SetNodeLabel(t, n, kmmv1beta1.ModuleVersionLabel(tb.NS, "nic"), "v2")
+	testbed.Eventually(t, 20*time.Second, func() (bool, string) {
 		return gauge(t, "kmm_node_drain_timeout", n) == 1, "kmm_node_drain_timeout of " + n + " to rise"
 	})
-	if st := pairStatus(n, tb.ns, "nic"); st.State != fsm.DevicePluginDraining {
-		t.Fatalf("the pair is %s while its drain is blocked", describe(st))
+	if st := cluster.PairStatus(n, tb.NS, "nic"); st.State != fsm.DevicePluginDraining {
+		t.Fatalf("the pair is %s while its drain is blocked", testbed.Describe(st))
 	}
 	if err := k8s.Delete(ctx, pdb); err != nil {
 		t.Fatal(err)
 	}
-	tb.waitLoaded("nic", "reg.example.com/nic:v2", n)
-	eventually(t, 10*time.Second, func() (bool, string) {
+	tb.WaitLoaded("nic", "reg.example.com/nic:v2", n)
+	testbed.Eventually(t, 10*time.Second, func() (bool, string) {
 		return gauge(t, "kmm_node_drain_timeout", n) == 0, "kmm_node_drain_timeout of " + n + " to reset"
 	})
 }

@@ -1,10 +1,8 @@
 package upgrade
 
 import (
-	"flag"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"strings"
 	"testing"
 
@@ -21,19 +19,8 @@ import (
 // device plugin pod leaves → Unloading → Upgrading → Loading → Loaded v2 → the device plugin pod
 // comes back), nodes that go NotReady or get cordoned at random, and the real planRollout moving
 // the version-module labels. Invariants are checked after every step; when events stop and every
-// node is Ready, every node that is not skipped must end Loaded with the new version.
-
-// TestMain lengthens rapid's interleavings for this package (unless -rapid.steps is given): a node
-// needs seven steps to upgrade, and the interesting cases flip readiness in the middle.
-func TestMain(m *testing.M) {
-	flag.Parse()
-	steps := false
-	flag.Visit(func(f *flag.Flag) { steps = steps || f.Name == "rapid.steps" })
-	if !steps {
-		_ = flag.Set("rapid.steps", "100")
-	}
-	os.Exit(m.Run())
-}
+// node is Ready, every node that is not skipped must end Loaded with the new version. The
+// package's TestMain (suite_test.go) lengthens rapid's interleavings for it.
 
 // startedBesideUnavailable counts planner runs that started nodes while another node was NotReady
 // or cordoned, so that the property test can show it exercises that budget rule.

@@ -177,7 +177,7 @@ func kmm(t *testing.T, args ...string) (string, error) {
 	return out.String(), err
 }
 
-// startOperator runs the manager as controllers/suite_test.go does, until ctx ends; the test's
+// startOperator runs the manager as test/testbed's StartOperator does, until ctx ends; the test's
 // cleanup cancels ctx and waits for the manager to stop.
 func startOperator(ctx context.Context, cancel context.CancelFunc, t *testing.T, env *envtest.Env) {
 	t.Helper()

@@ -1,4 +1,4 @@
-package controllers_test
+package upgrade_test
 
 import (
 	"context"
@@ -11,12 +11,12 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/fsm"
+	"github.com/kmm-project/kmm/test/testbed"
 )
 
 // TestOrderedUpgrade follows seed 002 over three nodes: node 0 by the manual steps (remove the
@@ -24,47 +24,47 @@ import (
 // At every observed moment no unload pod runs while that node's device plugin pod exists,
 // version.ready moves node by node, and the other nodes keep v1 loaded until their turn.
 func TestOrderedUpgrade(t *testing.T) {
-	startOperator(t)
-	tb := newTestBed(t, 3, kernelA)
-	inv := watchUnloadVersusDevicePlugin(t, tb.ns)
-	label := kmmv1beta1.ModuleVersionLabel(tb.ns, "nic")
-	for _, n := range tb.nodes {
-		setNodeLabel(t, n, label, "v1")
+	cluster.StartOperator(t)
+	tb := cluster.NewBed(t, 3, testbed.KernelA)
+	inv := watchUnloadVersusDevicePlugin(t, tb.NS)
+	label := kmmv1beta1.ModuleVersionLabel(tb.NS, "nic")
+	for _, n := range tb.Nodes {
+		cluster.SetNodeLabel(t, n, label, "v1")
 	}
-	m := tb.versionedModule("nic", "v1")
+	m := tb.VersionedModule("nic", "v1")
 	m.Spec.DevicePlugin = &kmmv1beta1.DevicePluginSpec{Container: kmmv1beta1.DevicePluginContainerSpec{Image: "reg.example.com/nic-dp:v1"}}
-	tb.create(m)
-	tb.waitLoaded("nic", "reg.example.com/nic:v1", tb.nodes...)
-	waitDevicePlugins(t, tb.ns, "v1", tb.nodes...)
-	tb.waitVersionReady("v1", tb.nodes...)
+	tb.Create(m)
+	tb.WaitLoaded("nic", "reg.example.com/nic:v1", tb.Nodes...)
+	waitDevicePlugins(t, tb.NS, "v1", tb.Nodes...)
+	waitVersionReady(tb, "v1", tb.Nodes...)
 
-	bumpVersion(t, m, "v2", "reg.example.com/nic:v2")
+	cluster.BumpVersion(t, m, "v2", "reg.example.com/nic:v2")
 
 	// Node 0, manual: remove the label (unload), then set v2.
-	setNodeLabel(t, tb.nodes[0], label, "")
-	eventually(t, 30*time.Second, func() (bool, string) {
-		_, loaded := node.Loaded(tb.nodes[0])[tb.ns+"/nic"]
-		return !loaded && pairStatus(tb.nodes[0], tb.ns, "nic") == nil, "the module unloaded from " + tb.nodes[0]
+	cluster.SetNodeLabel(t, tb.Nodes[0], label, "")
+	testbed.Eventually(t, 30*time.Second, func() (bool, string) {
+		_, loaded := node.Loaded(tb.Nodes[0])[tb.NS+"/nic"]
+		return !loaded && cluster.PairStatus(tb.Nodes[0], tb.NS, "nic") == nil, "the module unloaded from " + tb.Nodes[0]
 	})
-	tb.assertStillV1(tb.nodes[1:]...)
-	setNodeLabel(t, tb.nodes[0], label, "v2")
-	tb.waitLoaded("nic", "reg.example.com/nic:v2", tb.nodes[0])
-	tb.waitVersionReady("v2", tb.nodes[0])
-	waitDevicePlugins(t, tb.ns, "v2", tb.nodes[0])
-	tb.assertStillV1(tb.nodes[1:]...)
+	assertStillV1(tb, tb.Nodes[1:]...)
+	cluster.SetNodeLabel(t, tb.Nodes[0], label, "v2")
+	tb.WaitLoaded("nic", "reg.example.com/nic:v2", tb.Nodes[0])
+	waitVersionReady(tb, "v2", tb.Nodes[0])
+	waitDevicePlugins(t, tb.NS, "v2", tb.Nodes[0])
+	assertStillV1(tb, tb.Nodes[1:]...)
 
 	// Nodes 1 and 2, shortcut: change the label's value.
-	for i, n := range tb.nodes[1:] {
-		setNodeLabel(t, n, label, "v2")
-		tb.waitLoaded("nic", "reg.example.com/nic:v2", n)
-		tb.waitVersionReady("v2", n)
-		tb.assertStillV1(tb.nodes[i+2:]...)
-		assertPassedThrough(t, n, tb.ns, fsm.DevicePluginDraining, fsm.Unloading, fsm.Upgrading, fsm.Loading)
+	for i, n := range tb.Nodes[1:] {
+		cluster.SetNodeLabel(t, n, label, "v2")
+		tb.WaitLoaded("nic", "reg.example.com/nic:v2", n)
+		waitVersionReady(tb, "v2", n)
+		assertStillV1(tb, tb.Nodes[i+2:]...)
+		cluster.AssertPassedThrough(t, n, tb.NS, fsm.DevicePluginDraining, fsm.Unloading, fsm.Upgrading, fsm.Loading)
 	}
-	waitDevicePlugins(t, tb.ns, "v2", tb.nodes...)
-	eventually(t, 20*time.Second, func() (bool, string) {
+	waitDevicePlugins(t, tb.NS, "v2", tb.Nodes...)
+	testbed.Eventually(t, 20*time.Second, func() (bool, string) {
 		old := &appsv1.DaemonSet{}
-		err := k8s.Get(context.Background(), client.ObjectKey{Namespace: tb.ns, Name: "nic-device-plugin-v1"}, old)
+		err := k8s.Get(context.Background(), client.ObjectKey{Namespace: tb.NS, Name: "nic-device-plugin-v1"}, old)
 		return err != nil, "the v1 device plugin DaemonSet to be deleted once no node needs it"
 	})
 	if v := inv.violations(); len(v) > 0 {
@@ -75,41 +75,12 @@ func TestOrderedUpgrade(t *testing.T) {
 	}
 }
 
-func setNodeLabel(t *testing.T, name, key, value string) {
-	t.Helper()
-	setLabel(t, &corev1.Node{}, name, key, value)
-}
-
-// setLabel sets (or with value "" removes) a label of the cluster-scoped object name of obj's kind.
-func setLabel(t *testing.T, obj client.Object, name, key, value string) {
-	t.Helper()
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		if err := k8s.Get(context.Background(), client.ObjectKey{Name: name}, obj); err != nil {
-			return err
-		}
-		labels := obj.GetLabels()
-		if labels == nil {
-			labels = map[string]string{}
-		}
-		if value == "" {
-			delete(labels, key)
-		} else {
-			labels[key] = value
-		}
-		obj.SetLabels(labels)
-		return k8s.Update(context.Background(), obj)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-}
-
-func (tb *testBed) waitVersionReady(version string, nodes ...string) {
-	tb.t.Helper()
-	key := kmmv1beta1.VersionReadyLabel(tb.ns, "nic")
-	eventually(tb.t, 30*time.Second, func() (bool, string) {
+func waitVersionReady(tb *testbed.Bed, version string, nodes ...string) {
+	tb.T.Helper()
+	key := kmmv1beta1.VersionReadyLabel(tb.NS, "nic")
+	testbed.Eventually(tb.T, 30*time.Second, func() (bool, string) {
 		for _, n := range nodes {
-			if got := getNode(tb.t, n).Labels[key]; got != version {
+			if got := cluster.Node(tb.T, n).Labels[key]; got != version {
 				return false, fmt.Sprintf("version.ready on %s is %q, want %s", n, got, version)
 			}
 		}
@@ -117,14 +88,14 @@ func (tb *testBed) waitVersionReady(version string, nodes ...string) {
 	})
 }
 
-func (tb *testBed) assertStillV1(nodes ...string) {
-	tb.t.Helper()
+func assertStillV1(tb *testbed.Bed, nodes ...string) {
+	tb.T.Helper()
 	for _, n := range nodes {
-		if got := node.Loaded(n)[tb.ns+"/nic"]; got.ContainerImage != "reg.example.com/nic:v1" {
-			tb.t.Fatalf("node %s has %q loaded before its turn, want v1", n, got.ContainerImage)
+		if got := node.Loaded(n)[tb.NS+"/nic"]; got.ContainerImage != "reg.example.com/nic:v1" {
+			tb.T.Fatalf("node %s has %q loaded before its turn, want v1", n, got.ContainerImage)
 		}
-		if v := getNode(tb.t, n).Labels[kmmv1beta1.VersionReadyLabel(tb.ns, "nic")]; v != "v1" {
-			tb.t.Fatalf("version.ready on %s is %q before its turn", n, v)
+		if v := cluster.Node(tb.T, n).Labels[kmmv1beta1.VersionReadyLabel(tb.NS, "nic")]; v != "v1" {
+			tb.T.Fatalf("version.ready on %s is %q before its turn", n, v)
 		}
 	}
 }
@@ -132,7 +103,7 @@ func (tb *testBed) assertStillV1(nodes ...string) {
 // waitDevicePlugins waits for a Running device plugin pod of the given version on each node.
 func waitDevicePlugins(t *testing.T, ns, version string, nodes ...string) {
 	t.Helper()
-	eventually(t, 30*time.Second, func() (bool, string) {
+	testbed.Eventually(t, 30*time.Second, func() (bool, string) {
 		pods := &corev1.PodList{}
 		_ = k8s.List(context.Background(), pods, client.InNamespace(ns), client.MatchingLabels{contract.LabelDevicePlugin: "true"})
 		for _, n := range nodes {
@@ -149,25 +120,6 @@ func waitDevicePlugins(t *testing.T, ns, version string, nodes ...string) {
 	})
 }
 
-// assertPassedThrough checks the pair's transition log visits the states in order.
-func assertPassedThrough(t *testing.T, n, ns string, states ...kmmv1beta1.ModuleState) {
-	t.Helper()
-	st := pairStatus(n, ns, "nic")
-	var visited []kmmv1beta1.ModuleState
-	for _, tr := range st.Transitions {
-		visited = append(visited, tr.To)
-	}
-	i := 0
-	for _, v := range visited {
-		if i < len(states) && v == states[i] {
-			i++
-		}
-	}
-	if i != len(states) {
-		t.Fatalf("the pair on %s went through %v, want %v in order", n, visited, states)
-	}
-}
-
 // unloadVsDevicePlugin watches a namespace's pods and records every moment an unload pod and the
 // same node's device plugin pod of the same Module exist together.
 type unloadVsDevicePlugin struct {
@@ -181,7 +133,7 @@ type unloadVsDevicePlugin struct {
 func watchUnloadVersusDevicePlugin(t *testing.T, ns string) *unloadVsDevicePlugin {
 	t.Helper()
 	u := &unloadVsDevicePlugin{unload: map[string]string{}, dp: map[string]string{}}
-	watchForTest(t, &corev1.PodList{}, u.observe, client.InNamespace(ns))
+	testbed.Watch(t, cluster, &corev1.PodList{}, u.observe, client.InNamespace(ns))
 	return u
 }
 

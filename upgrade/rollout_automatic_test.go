@@ -1,4 +1,4 @@
-package controllers_test
+package upgrade_test
 
 import (
 	"fmt"
@@ -11,6 +11,7 @@ import (
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/fsm"
+	"github.com/kmm-project/kmm/test/testbed"
 )
 
 // TestRolloutAutomatic runs spec.upgradePolicy{automatic, maxUnavailable: 1} over four nodes:
@@ -18,59 +19,59 @@ import (
 // moves to v2 the operator moves the version-module labels itself; every node ends Loaded v2 with
 // version.ready=v2, and a watch on the NMCs never sees more than one node's pair out of Loaded.
 func TestRolloutAutomatic(t *testing.T) {
-	startOperator(t)
-	tb := newTestBed(t, 4, kernelA)
-	label := kmmv1beta1.ModuleVersionLabel(tb.ns, "nic")
-	for _, n := range tb.nodes[:3] {
-		setNodeLabel(t, n, label, "v1")
+	cluster.StartOperator(t)
+	tb := cluster.NewBed(t, 4, testbed.KernelA)
+	label := kmmv1beta1.ModuleVersionLabel(tb.NS, "nic")
+	for _, n := range tb.Nodes[:3] {
+		cluster.SetNodeLabel(t, n, label, "v1")
 	}
 	one := intstr.FromInt32(1)
-	m := tb.versionedModule("nic", "v1")
+	m := tb.VersionedModule("nic", "v1")
 	m.Spec.DevicePlugin = &kmmv1beta1.DevicePluginSpec{Container: kmmv1beta1.DevicePluginContainerSpec{Image: "reg.example.com/nic-dp:v1"}}
 	m.Spec.UpgradePolicy = &kmmv1beta1.UpgradePolicy{Automatic: true, MaxUnavailable: &one}
-	tb.create(m)
-	tb.waitLoaded("nic", "reg.example.com/nic:v1", tb.nodes...)
-	tb.waitVersionReady("v1", tb.nodes...)
-	if got := getNode(t, tb.nodes[3]).Labels[label]; got != "v1" {
-		t.Fatalf("the unlabelled node %s was not adopted: version-module label %q, want v1", tb.nodes[3], got)
+	tb.Create(m)
+	tb.WaitLoaded("nic", "reg.example.com/nic:v1", tb.Nodes...)
+	waitVersionReady(tb, "v1", tb.Nodes...)
+	if got := cluster.Node(t, tb.Nodes[3]).Labels[label]; got != "v1" {
+		t.Fatalf("the unlabelled node %s was not adopted: version-module label %q, want v1", tb.Nodes[3], got)
 	}
-	waitDevicePlugins(t, tb.ns, "v1", tb.nodes...)
+	waitDevicePlugins(t, tb.NS, "v1", tb.Nodes...)
 
-	watcher := watchOutOfLoaded(t, tb.ns, "nic", tb.nodes)
+	watcher := watchOutOfLoaded(t, tb.NS, "nic", tb.Nodes)
 	start := time.Now()
-	bumpVersion(t, m, "v2", "reg.example.com/nic:v2")
+	cluster.BumpVersion(t, m, "v2", "reg.example.com/nic:v2")
 
-	eventually(t, 60*time.Second, func() (bool, string) {
-		for _, n := range tb.nodes {
-			st := pairStatus(n, tb.ns, "nic")
+	testbed.Eventually(t, 60*time.Second, func() (bool, string) {
+		for _, n := range tb.Nodes {
+			st := cluster.PairStatus(n, tb.NS, "nic")
 			if st == nil || st.State != kmmv1beta1.StateLoaded || st.Config == nil || st.Config.ContainerImage != "reg.example.com/nic:v2" {
-				return false, fmt.Sprintf("nic on %s: %s, want Loaded v2", n, describe(st))
+				return false, fmt.Sprintf("nic on %s: %s, want Loaded v2", n, testbed.Describe(st))
 			}
-			if v := getNode(t, n).Labels[kmmv1beta1.VersionReadyLabel(tb.ns, "nic")]; v != "v2" {
+			if v := cluster.Node(t, n).Labels[kmmv1beta1.VersionReadyLabel(tb.NS, "nic")]; v != "v2" {
 				return false, fmt.Sprintf("version.ready on %s is %q, want v2", n, v)
 			}
 		}
 		return true, ""
 	})
 	t.Logf("rollout of 4 nodes took %v", time.Since(start).Round(time.Millisecond))
-	for _, n := range tb.nodes {
-		if got := getNode(t, n).Labels[label]; got != "v2" {
+	for _, n := range tb.Nodes {
+		if got := cluster.Node(t, n).Labels[label]; got != "v2" {
 			t.Fatalf("version-module label on %s is %q, want v2 (set by the rollout)", n, got)
 		}
-		if got := node.Loaded(n)[tb.ns+"/nic"]; got.ContainerImage != "reg.example.com/nic:v2" {
+		if got := node.Loaded(n)[tb.NS+"/nic"]; got.ContainerImage != "reg.example.com/nic:v2" {
 			t.Fatalf("the kernel of %s has %q loaded, want v2", n, got.ContainerImage)
 		}
-		assertPassedThrough(t, n, tb.ns, fsm.DevicePluginDraining, fsm.Unloading, fsm.Upgrading, fsm.Loading)
+		cluster.AssertPassedThrough(t, n, tb.NS, fsm.DevicePluginDraining, fsm.Unloading, fsm.Upgrading, fsm.Loading)
 	}
-	waitDevicePlugins(t, tb.ns, "v2", tb.nodes...)
+	waitDevicePlugins(t, tb.NS, "v2", tb.Nodes...)
 
 	maxOut, events, upgraded := watcher.result()
 	t.Logf("NMC watch: %d events, at most %d node(s) out of Loaded at once, %d node(s) seen leaving Loaded", events, maxOut, upgraded)
 	if maxOut > 1 {
 		t.Fatalf("up to %d nodes were out of Loaded at once, maxUnavailable is 1", maxOut)
 	}
-	if upgraded != len(tb.nodes) {
-		t.Fatalf("the watch saw %d nodes leave Loaded, want %d: it is not watching", upgraded, len(tb.nodes))
+	if upgraded != len(tb.Nodes) {
+		t.Fatalf("the watch saw %d nodes leave Loaded, want %d: it is not watching", upgraded, len(tb.Nodes))
 	}
 }
 
@@ -91,7 +92,7 @@ func watchOutOfLoaded(t *testing.T, ns, name string, nodes []string) *outOfLoade
 	for _, n := range nodes {
 		o.watched[n] = true
 	}
-	watchForTest(t, &kmmv1beta1.NodeModulesConfigList{}, func(et watch.EventType, nmc *kmmv1beta1.NodeModulesConfig) {
+	testbed.Watch(t, cluster, &kmmv1beta1.NodeModulesConfigList{}, func(et watch.EventType, nmc *kmmv1beta1.NodeModulesConfig) {
 		o.observe(et, nmc, ns, name)
 	})
 	return o
