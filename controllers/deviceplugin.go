@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -36,17 +37,21 @@ func devicePluginLabels(m *kmmv1beta1.Module) map[string]string {
 // carry it as a label value.
 func DevicePluginName(m *kmmv1beta1.Module) string {
 	name := m.Name + "-device-plugin"
-	if v := m.Spec.ModuleLoader.Container.Version; v != "" {
+	if v := m.Spec.Version(); v != "" {
 		name += "-" + v
 	}
 	return contract.Bounded(name, contract.MaxLabelValue)
 }
 
-// DevicePluginNodeSelector is where the device plugin runs: nodes with the module loaded (and, with a
+// DevicePluginNodeSelector is where the device plugin runs: the selected nodes of a device-plugin-only
+// Module, else nodes with the module loaded (and, with a
 // version, the version-device-plugin label of that version).
 func DevicePluginNodeSelector(m *kmmv1beta1.Module) map[string]string {
+	if m.Spec.DevicePluginOnly() {
+		return maps.Clone(m.Spec.Selector)
+	}
 	sel := map[string]string{kmmv1beta1.ReadyLabel(m.Namespace, m.Name): ""}
-	if v := m.Spec.ModuleLoader.Container.Version; v != "" {
+	if v := m.Spec.Version(); v != "" {
 		sel[kmmv1beta1.DevicePluginVersionLabel(m.Namespace, m.Name)] = v
 	}
 	return sel

@@ -19,7 +19,8 @@ func TestModuleDecide(t *testing.T) {
 	valid := func() *kmmv1beta1.Module {
 		m := &kmmv1beta1.Module{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "m"}}
 		m.Spec.Selector = map[string]string{"gpu": "yes"}
-		c := &m.Spec.ModuleLoader.Container
+		m.Spec.ModuleLoader = &kmmv1beta1.ModuleLoaderSpec{}
+	c := &m.Spec.ModuleLoader.Container
 		c.Modprobe.ModuleName = "mod"
 		c.KernelMappings = []kmmv1beta1.KernelMapping{{Literal: "6.1.0", ContainerImage: "registry.local/mod:6.1.0"}}
 		return m
@@ -62,6 +63,7 @@ func TestModuleStatusCountsFromDecisions(t *testing.T) {
 	m := &kmmv1beta1.Module{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "m", Generation: 2}}
 	m.Status.ObservedGeneration = 1
 	m.Spec.Selector = map[string]string{"gpu": "yes"}
+	m.Spec.ModuleLoader = &kmmv1beta1.ModuleLoaderSpec{}
 	c := &m.Spec.ModuleLoader.Container
 	c.Modprobe.ModuleName = "mod"
 	c.KernelMappings = []kmmv1beta1.KernelMapping{{Literal: "6.1.0", ContainerImage: "registry.local/mod:6.1.0"}}

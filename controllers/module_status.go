@@ -116,7 +116,14 @@ func computeModuleStatus(s *moduleScope, daemonSets []appsv1.DaemonSet, now meta
 		st.DevicePlugin.AvailableNumber += ds.Status.NumberAvailable
 	}
 	problem := moduleProblem{invalid: s.invalid, refused: s.refused}
-	st.Conditions = moduleConditions(problem, st.ModuleLoader, noMapping, failing, gen, now)
+	progress, what := st.ModuleLoader, "loaded"
+	if m.Spec.DevicePluginOnly() {
+		// Nothing to load: Ready means the device plugin is available on every selected node
+		// (desired from the selector, not from the DaemonSet's status, which lags its creation).
+		progress = kmmv1beta1.DaemonSetStatus{DesiredNumber: st.ModuleLoader.NodesMatchingSelectorNumber, AvailableNumber: st.DevicePlugin.AvailableNumber}
+		what = "device plugin available"
+	}
+	st.Conditions = moduleConditions(problem, progress, what, noMapping, failing, gen, now)
 	return st
 }
 
@@ -152,7 +159,7 @@ type moduleProblem struct {
 
 // moduleConditions derives Ready, Progressing and Degraded (see api/v1beta1/conditions.go) from what
 // is wrong with the Module, its counters and the nodes with no mapping or a failing worker.
-func moduleConditions(problem moduleProblem, loader kmmv1beta1.DaemonSetStatus, noMapping, failing []string, gen int64, now metav1.Time) []metav1.Condition {
+func moduleConditions(problem moduleProblem, loader kmmv1beta1.DaemonSetStatus, what string, noMapping, failing []string, gen int64, now metav1.Time) []metav1.Condition {
 	invalid := problem.invalid
 	cond := func(t string, ok bool, reason, msg string) metav1.Condition {
 		status := metav1.ConditionFalse
@@ -163,7 +170,7 @@ func moduleConditions(problem moduleProblem, loader kmmv1beta1.DaemonSetStatus, 
 	}
 	allLoaded := loader.AvailableNumber == loader.DesiredNumber && len(failing) == 0
 	ready := cond(kmmv1beta1.ConditionReady, allLoaded && invalid == "", kmmv1beta1.ReasonAllLoaded,
-		fmt.Sprintf("loaded on %d of %d nodes", loader.AvailableNumber, loader.DesiredNumber))
+		fmt.Sprintf("%s on %d of %d nodes", what, loader.AvailableNumber, loader.DesiredNumber))
 	progressing := cond(kmmv1beta1.ConditionProgressing, !allLoaded && len(failing) == 0 && invalid == "", kmmv1beta1.ReasonInProgress, ready.Message)
 	if !allLoaded {
 		ready.Reason = kmmv1beta1.ReasonInProgress

@@ -178,7 +178,7 @@ func (w *world) moduleObject(key string) *kmmv1beta1.Module {
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: kmmv1beta1.ModuleSpec{
 			Selector: map[string]string{"role": "worker"},
-			ModuleLoader: kmmv1beta1.ModuleLoaderSpec{Container: kmmv1beta1.ModuleLoaderContainerSpec{
+			ModuleLoader: &kmmv1beta1.ModuleLoaderSpec{Container: kmmv1beta1.ModuleLoaderContainerSpec{
 				Version:        sm.version,
 				ContainerImage: image,
 				Modprobe:       kmmv1beta1.ModprobeSpec{ModuleName: name, FirmwarePath: firmware},

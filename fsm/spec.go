@@ -44,6 +44,8 @@ const (
 	ReasonVersionPending  = "VersionLabelOlder"
 	ReasonVersionMissing  = "VersionLabelMissing"
 	ReasonDesired         = "Desired"
+	// ReasonDevicePluginOnly: the Module has no module loader; nothing is loaded on any node.
+	ReasonDevicePluginOnly = "DevicePluginOnly"
 )
 
 // SpecDecision is the Module→NMC decision for one (Module, node).
@@ -65,11 +67,14 @@ func DecideSpec(m *kmmv1beta1.Module, node NodeView) SpecDecision {
 	if len(m.Spec.Selector) == 0 || !labels.SelectorFromSet(m.Spec.Selector).Matches(labels.Set(node.Labels)) {
 		return SpecDecision{Action: SpecDelete, Reason: ReasonNotSelected}
 	}
+	if m.Spec.DevicePluginOnly() {
+		return SpecDecision{Action: SpecDelete, Reason: ReasonDevicePluginOnly}
+	}
 	entry, reason, err := ResolveEntry(m, node.KernelVersion)
 	if err != nil {
 		return SpecDecision{Action: SpecKeep, Reason: reason, Message: err.Error()}
 	}
-	version := m.Spec.ModuleLoader.Container.Version
+	version := m.Spec.Version()
 	if version == "" {
 		return SpecDecision{Action: SpecUpdate, Entry: entry, Reason: ReasonDesired}
 	}
@@ -87,6 +92,9 @@ func DecideSpec(m *kmmv1beta1.Module, node NodeView) SpecDecision {
 // matching kernel mapping, its image with variables substituted, and the mapping's overrides.
 // The reason is ReasonNoKernelMapping, ReasonInvalidKernel or ReasonInvalidSpec on error.
 func ResolveEntry(m *kmmv1beta1.Module, kver string) (*kmmv1beta1.NodeModuleSpec, string, error) {
+	if m.Spec.DevicePluginOnly() {
+		return nil, ReasonDevicePluginOnly, fmt.Errorf("the Module has no moduleLoader")
+	}
 	v, err := kernel.Parse(kver)
 	if err != nil {
 		return nil, ReasonInvalidKernel, err

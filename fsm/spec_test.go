@@ -15,7 +15,7 @@ func testModule(version string) *kmmv1beta1.Module {
 		ObjectMeta: metav1.ObjectMeta{Namespace: "drivers", Name: "nic"},
 		Spec: kmmv1beta1.ModuleSpec{
 			Selector: map[string]string{"role": "worker"},
-			ModuleLoader: kmmv1beta1.ModuleLoaderSpec{Container: kmmv1beta1.ModuleLoaderContainerSpec{
+			ModuleLoader: &kmmv1beta1.ModuleLoaderSpec{Container: kmmv1beta1.ModuleLoaderContainerSpec{
 				Version:        version,
 				ContainerImage: "reg.example.com/$MOD_NAMESPACE/$MOD_NAME:$KERNEL_FULL_VERSION",
 				Modprobe:       kmmv1beta1.ModprobeSpec{ModuleName: "nic"},
@@ -42,6 +42,9 @@ func TestDecideSpec(t *testing.T) {
 	versionLabel := kmmv1beta1.WorkerPodVersionLabel("drivers", "nic")
 	deleted := testModule("")
 	deleted.DeletionTimestamp = &metav1.Time{Time: time.Unix(1, 0)}
+	pluginOnly := testModule("")
+	pluginOnly.Spec.ModuleLoader = nil
+	pluginOnly.Spec.DevicePlugin = &kmmv1beta1.DevicePluginSpec{}
 	cases := []struct {
 		name       string
 		module     *kmmv1beta1.Module
@@ -54,6 +57,8 @@ func TestDecideSpec(t *testing.T) {
 			node: NodeView{Labels: map[string]string{"role": "infra"}, KernelVersion: "5.14.0-1.el9.x86_64"}, wantAction: SpecDelete, wantReason: ReasonNotSelected},
 		{name: "rule 1: a NotReady, cordoned node still gets its entry", module: testModule(""),
 			node: NodeView{Labels: map[string]string{"role": "worker"}, KernelVersion: "5.14.0-1.el9.x86_64", Unschedulable: true}, wantAction: SpecUpdate, wantReason: ReasonDesired, wantImage: "reg.example.com/nic:literal"},
+		{name: "a device-plugin-only Module loads nothing on a selected node", module: pluginOnly,
+			node: testNode("5.14.0-1.el9.x86_64", nil), wantAction: SpecDelete, wantReason: ReasonDevicePluginOnly},
 		{name: "rule 2: no kernel mapping for the node's kernel does nothing", module: testModule(""),
 			node: testNode("4.18.0-1.el8.x86_64", nil), wantAction: SpecKeep, wantReason: ReasonNoKernelMapping},
 		{name: "rule 3: mapping found, no version: update (literal)", module: testModule(""),

@@ -100,7 +100,7 @@ func (r *LabelReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 	active := map[string]bool{}
 	for i := range modules.Items {
 		m := &modules.Items[i]
-		if m.Spec.ModuleLoader.Container.Version == "" || !m.DeletionTimestamp.IsZero() ||
+		if m.Spec.Version() == "" || !m.DeletionTimestamp.IsZero() ||
 			!labels.SelectorFromSet(m.Spec.Selector).Matches(labels.Set(node.Labels)) {
 			continue
 		}

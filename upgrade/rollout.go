@@ -76,7 +76,7 @@ func planRollout(in RolloutInput) ([]Intent, Progress) {
 	if m == nil || !automatic(m) {
 		return nil, Progress{}
 	}
-	version := m.Spec.ModuleLoader.Container.Version
+	version := m.Spec.Version()
 	p, candidates := classify(m, in.Nodes)
 	p.Budget = budget(m.Spec.UpgradePolicy, p.Total)
 
@@ -96,7 +96,7 @@ func planRollout(in RolloutInput) ([]Intent, Progress) {
 // classify counts the managed nodes as done, in progress or pending and returns the pending nodes
 // that may start (Ready and schedulable).
 func classify(m *kmmv1beta1.Module, nodes []RolloutNode) (Progress, []string) {
-	version := m.Spec.ModuleLoader.Container.Version
+	version := m.Spec.Version()
 	labelKey := kmmv1beta1.ModuleVersionLabel(m.Namespace, m.Name)
 	skipKey := kmmv1beta1.UpgradeSkipLabel(m.Namespace, m.Name)
 	var p Progress
@@ -127,7 +127,7 @@ func classify(m *kmmv1beta1.Module, nodes []RolloutNode) (Progress, []string) {
 // automatic says whether the operator rolls the Module's version out itself.
 func automatic(m *kmmv1beta1.Module) bool {
 	return m.Spec.UpgradePolicy != nil && m.Spec.UpgradePolicy.Automatic &&
-		m.Spec.ModuleLoader.Container.Version != "" && m.DeletionTimestamp.IsZero()
+		m.Spec.Version() != "" && m.DeletionTimestamp.IsZero()
 }
 
 // budget resolves maxUnavailable against total nodes: rounded down, but at least 1 for a positive

@@ -134,7 +134,7 @@ func (r *RolloutReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		return ctrl.Result{}, err
 	}
 	intents, progress := planRollout(in)
-	log := ctrl.LoggerFrom(ctx).WithValues("module", req.NamespacedName, "version", m.Spec.ModuleLoader.Container.Version)
+	log := ctrl.LoggerFrom(ctx).WithValues("module", req.NamespacedName, "version", m.Spec.Version())
 	key := kmmv1beta1.ModuleVersionLabel(m.Namespace, m.Name)
 	for _, it := range intents {
 		log.Info("Moving the version-module label", "node", it.Node, "done", progress.Done, "total", progress.Total,

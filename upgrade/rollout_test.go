@@ -23,6 +23,7 @@ var (
 // rolloutModule is a Module at version with the given upgradePolicy.
 func rolloutModule(version string, policy *kmmv1beta1.UpgradePolicy) *kmmv1beta1.Module {
 	m := &kmmv1beta1.Module{ObjectMeta: metav1.ObjectMeta{Namespace: tNS, Name: tName}}
+	m.Spec.ModuleLoader = &kmmv1beta1.ModuleLoaderSpec{}
 	m.Spec.ModuleLoader.Container.Version = version
 	m.Spec.UpgradePolicy = policy
 	return m

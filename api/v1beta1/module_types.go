@@ -326,8 +326,10 @@ type UpgradePolicy struct {
 }
 
 // ModuleSpec says which kmod to load on which nodes.
+// +kubebuilder:validation:XValidation:rule="has(self.moduleLoader) || has(self.devicePlugin)",message="moduleLoader is required unless devicePlugin is set (a device-plugin-only Module)",fieldPath=".moduleLoader"
 type ModuleSpec struct {
-	// DevicePlugin, when set, runs on every node where the module is loaded.
+	// DevicePlugin, when set, runs on every node where the module is loaded (on every selected node
+	// for a device-plugin-only Module, one without moduleLoader).
 	// +optional
 	DevicePlugin *DevicePluginSpec `json:"devicePlugin,omitempty"`
 
@@ -338,8 +340,10 @@ type ModuleSpec struct {
 	// +optional
 	DRA *Unsupported `json:"dra,omitempty"`
 
-	// ModuleLoader says how to load the module.
-	ModuleLoader ModuleLoaderSpec `json:"moduleLoader"`
+	// ModuleLoader says how to load the module. Without it the Module is device-plugin-only: nothing
+	// is loaded, and the device plugin runs on every node the selector matches.
+	// +optional
+	ModuleLoader *ModuleLoaderSpec `json:"moduleLoader,omitempty"`
 
 	// ImageRepoSecret is a docker-config Secret in the Module's namespace used to pull the kmod and
 	// device plugin images.
@@ -425,4 +429,18 @@ type ModuleList struct {
 	metav1.TypeMeta `json:",inline"`
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []Module `json:"items"`
+}
+
+// Version is the module version for ordered upgrades (moduleLoader.container.version; "" for a
+// Module without one or without a module loader).
+func (s *ModuleSpec) Version() string {
+	if s.ModuleLoader == nil {
+		return ""
+	}
+	return s.ModuleLoader.Container.Version
+}
+
+// DevicePluginOnly says whether the Module runs a device plugin and loads nothing.
+func (s *ModuleSpec) DevicePluginOnly() bool {
+	return s.ModuleLoader == nil
 }

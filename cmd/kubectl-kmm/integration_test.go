@@ -236,7 +236,7 @@ func testModule(ns, name, label string) *kmmv1beta1.Module {
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: kmmv1beta1.ModuleSpec{
 			Selector: map[string]string{label: "yes"},
-			ModuleLoader: kmmv1beta1.ModuleLoaderSpec{Container: kmmv1beta1.ModuleLoaderContainerSpec{
+			ModuleLoader: &kmmv1beta1.ModuleLoaderSpec{Container: kmmv1beta1.ModuleLoaderContainerSpec{
 				Modprobe:       kmmv1beta1.ModprobeSpec{ModuleName: name},
 				KernelMappings: []kmmv1beta1.KernelMapping{{Literal: kernel, ContainerImage: "reg.example.com/" + name + ":a"}},
 			}},

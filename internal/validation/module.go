@@ -26,31 +26,51 @@ func Module(m *kmmv1beta1.Module) field.ErrorList {
 	if len(m.Spec.Selector) == 0 {
 		errs = append(errs, field.Required(spec.Child("selector"), "selector must not be empty: name the node labels of the nodes that need the module"))
 	}
-	container := spec.Child("moduleLoader", "container")
-	c := &m.Spec.ModuleLoader.Container
-	if len(m.Namespace)+len(m.Name) > kmmv1beta1.MaxNameLength {
-		errs = append(errs, field.Invalid(field.NewPath("metadata", "name"), m.Name, fmt.Sprintf(
-			"len(namespace)+len(name) must be at most %d because both go into node label keys; it is %d",
-			kmmv1beta1.MaxNameLength, len(m.Namespace)+len(m.Name))))
-	} else if c.Version != "" && len(m.Namespace)+len(m.Name) > kmmv1beta1.MaxVersionedNameLength {
-		errs = append(errs, field.Invalid(field.NewPath("metadata", "name"), m.Name, fmt.Sprintf(
-			"with %s set, len(namespace)+len(name) must be at most %d because both go into node label keys; it is %d",
-			container.Child("version"), kmmv1beta1.MaxVersionedNameLength, len(m.Namespace)+len(m.Name))))
+	errs = append(errs, validateNameBudget(m)...)
+	switch ml := m.Spec.ModuleLoader; {
+	case ml != nil:
+		errs = append(errs, validateModuleLoader(m, spec.Child("moduleLoader"), ml)...)
+	case m.Spec.DevicePlugin == nil:
+		errs = append(errs, field.Required(spec.Child("moduleLoader"), "moduleLoader is required unless devicePlugin is set (a device-plugin-only Module)"))
 	}
+	errs = append(errs, validateDevicePlugin(m, spec.Child("devicePlugin"))...)
+	errs = append(errs, validateUpgradePolicy(spec.Child("upgradePolicy"), m.Spec.UpgradePolicy)...)
+	errs = append(errs, validateSelector(spec.Child("selector"), m.Spec.Selector)...)
+	errs = append(errs, validateTolerations(spec.Child("tolerations"), m.Spec.Tolerations)...)
+	if dp := m.Spec.DevicePlugin; dp != nil {
+		errs = append(errs, validateServiceAccount(spec.Child("devicePlugin", "serviceAccountName"), dp.ServiceAccountName)...)
+	}
+	return errs
+}
+
+// validateNameBudget checks that namespace and name fit in the node label keys kmm derives.
+func validateNameBudget(m *kmmv1beta1.Module) field.ErrorList {
+	n := len(m.Namespace) + len(m.Name)
+	switch {
+	case n > kmmv1beta1.MaxNameLength:
+		return field.ErrorList{field.Invalid(field.NewPath("metadata", "name"), m.Name, fmt.Sprintf(
+			"len(namespace)+len(name) must be at most %d because both go into node label keys; it is %d",
+			kmmv1beta1.MaxNameLength, n))}
+	case m.Spec.Version() != "" && n > kmmv1beta1.MaxVersionedNameLength:
+		return field.ErrorList{field.Invalid(field.NewPath("metadata", "name"), m.Name, fmt.Sprintf(
+			"with spec.moduleLoader.container.version set, len(namespace)+len(name) must be at most %d because both go into node label keys; it is %d",
+			kmmv1beta1.MaxVersionedNameLength, n))}
+	}
+	return nil
+}
+
+// validateModuleLoader checks the worker side of a Module: images, mappings, modprobe.
+func validateModuleLoader(m *kmmv1beta1.Module, p *field.Path, ml *kmmv1beta1.ModuleLoaderSpec) field.ErrorList {
+	var errs field.ErrorList
+	container := p.Child("container")
+	c := &ml.Container
 	if c.ContainerImage != "" {
 		errs = append(errs, validateImage(m, container.Child("containerImage"), c.ContainerImage)...)
 	}
 	errs = append(errs, validatePullPolicy(container.Child("imagePullPolicy"), c.ImagePullPolicy)...)
 	errs = append(errs, validateKernelMappings(m, container.Child("kernelMappings"), c)...)
 	errs = append(errs, validateModprobe(container.Child("modprobe"), &c.Modprobe)...)
-	errs = append(errs, validateDevicePlugin(m, spec.Child("devicePlugin"))...)
-	errs = append(errs, validateUpgradePolicy(spec.Child("upgradePolicy"), m.Spec.UpgradePolicy)...)
-	errs = append(errs, validateSelector(spec.Child("selector"), m.Spec.Selector)...)
-	errs = append(errs, validateTolerations(spec.Child("tolerations"), m.Spec.Tolerations)...)
-	errs = append(errs, validateServiceAccount(spec.Child("moduleLoader", "serviceAccountName"), m.Spec.ModuleLoader.ServiceAccountName)...)
-	if dp := m.Spec.DevicePlugin; dp != nil {
-		errs = append(errs, validateServiceAccount(spec.Child("devicePlugin", "serviceAccountName"), dp.ServiceAccountName)...)
-	}
+	errs = append(errs, validateServiceAccount(p.Child("serviceAccountName"), ml.ServiceAccountName)...)
 	return errs
 }
 
@@ -58,7 +78,7 @@ func Module(m *kmmv1beta1.Module) field.ErrorList {
 // revision.
 func ModuleUpdate(m, old *kmmv1beta1.Module) field.ErrorList {
 	errs := Module(m)
-	oldVersion, newVersion := old.Spec.ModuleLoader.Container.Version, m.Spec.ModuleLoader.Container.Version
+	oldVersion, newVersion := old.Spec.Version(), m.Spec.Version()
 	versionPath := field.NewPath("spec", "moduleLoader", "container", "version")
 	if (oldVersion == "") != (newVersion == "") {
 		errs = append(errs, field.Invalid(versionPath, newVersion,
@@ -78,6 +98,9 @@ func ModuleUpdate(m, old *kmmv1beta1.Module) field.ErrorList {
 
 // images lists the kmod image references of a Module (the default, then each mapping's).
 func images(m *kmmv1beta1.Module) []string {
+	if m.Spec.ModuleLoader == nil {
+		return nil
+	}
 	c := &m.Spec.ModuleLoader.Container
 	out := []string{c.ContainerImage}
 	for _, km := range c.KernelMappings {
@@ -93,10 +116,13 @@ func validateUnsupported(m *kmmv1beta1.Module, spec *field.Path) field.ErrorList
 			errs = append(errs, field.Forbidden(p, what+" is not supported by kmm"))
 		}
 	}
-	c := &m.Spec.ModuleLoader.Container
-	container := spec.Child("moduleLoader", "container")
 	unsupported(spec.Child("dra"), m.Spec.DRA != nil, "dra")
 	unsupported(spec.Child("imageRebuildTriggerGeneration"), m.Spec.ImageRebuildTriggerGeneration != nil, "imageRebuildTriggerGeneration")
+	if m.Spec.ModuleLoader == nil {
+		return errs
+	}
+	c := &m.Spec.ModuleLoader.Container
+	container := spec.Child("moduleLoader", "container")
 	unsupported(container.Child("build"), c.Build != nil, "in-cluster build")
 	unsupported(container.Child("sign"), c.Sign != nil, "in-cluster signing")
 	for i := range c.KernelMappings {

@@ -276,7 +276,7 @@ func TestVersionCannotBeAddedOrRemoved(t *testing.T) {
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 			Spec: kmmv1beta1.ModuleSpec{
 				Selector: map[string]string{"kmm": "yes"},
-				ModuleLoader: kmmv1beta1.ModuleLoaderSpec{Container: kmmv1beta1.ModuleLoaderContainerSpec{
+				ModuleLoader: &kmmv1beta1.ModuleLoaderSpec{Container: kmmv1beta1.ModuleLoaderContainerSpec{
 					Version:        version,
 					Modprobe:       kmmv1beta1.ModprobeSpec{ModuleName: "kmod"},
 					KernelMappings: []kmmv1beta1.KernelMapping{{Regexp: "^.+$", ContainerImage: "reg.example.com/kmod:" + "$KERNEL_XYZ"}},

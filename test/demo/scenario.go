@@ -79,7 +79,7 @@ func (d *demo) module() *kmmv1beta1.Module {
 		ObjectMeta: metav1.ObjectMeta{Namespace: demoNamespace, Name: demoModule},
 		Spec: kmmv1beta1.ModuleSpec{
 			Selector: map[string]string{"kmm-demo": "true"},
-			ModuleLoader: kmmv1beta1.ModuleLoaderSpec{Container: kmmv1beta1.ModuleLoaderContainerSpec{
+			ModuleLoader: &kmmv1beta1.ModuleLoaderSpec{Container: kmmv1beta1.ModuleLoaderContainerSpec{
 				Version:        "v1",
 				ContainerImage: d.registry + "/kmm-demo/kmm-demo-v1:$KERNEL_FULL_VERSION",
 				RegistryTLS:    kmmv1beta1.TLSOptions{Insecure: true},

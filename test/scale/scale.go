@@ -367,7 +367,7 @@ func (h *harness) module(i int) *kmmv1beta1.Module {
 		ObjectMeta: metav1.ObjectMeta{Namespace: Namespace, Name: moduleName(i)},
 		Spec: kmmv1beta1.ModuleSpec{
 			Selector: map[string]string{"kmm-scale": "true"},
-			ModuleLoader: kmmv1beta1.ModuleLoaderSpec{Container: kmmv1beta1.ModuleLoaderContainerSpec{
+			ModuleLoader: &kmmv1beta1.ModuleLoaderSpec{Container: kmmv1beta1.ModuleLoaderContainerSpec{
 				ContainerImage: image(i, ""),
 				Modprobe:       kmmv1beta1.ModprobeSpec{ModuleName: fmt.Sprintf("kmm_scale_%d", i)},
 				KernelMappings: []kmmv1beta1.KernelMapping{{Regexp: `^.+$`}},

@@ -59,7 +59,7 @@ func (tb *Bed) Module(name string) *kmmv1beta1.Module {
 		ObjectMeta: metav1.ObjectMeta{Namespace: tb.NS, Name: name},
 		Spec: kmmv1beta1.ModuleSpec{
 			Selector: map[string]string{tb.Label: "yes"},
-			ModuleLoader: kmmv1beta1.ModuleLoaderSpec{Container: kmmv1beta1.ModuleLoaderContainerSpec{
+			ModuleLoader: &kmmv1beta1.ModuleLoaderSpec{Container: kmmv1beta1.ModuleLoaderContainerSpec{
 				Modprobe: kmmv1beta1.ModprobeSpec{ModuleName: name},
 				KernelMappings: []kmmv1beta1.KernelMapping{
 					{Literal: KernelA, ContainerImage: "reg.example.com/" + name + ":a"},
