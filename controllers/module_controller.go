@@ -48,6 +48,8 @@ type ModuleReconciler struct {
 	Recorder events.EventRecorder
 	// Clock gives the conditions' transition times; nil means the real clock.
 	Clock clock.PassiveClock
+
+	conflicts conflictRetry
 }
 
 func (r *ModuleReconciler) clock() clock.PassiveClock {
@@ -140,8 +142,14 @@ func modulesInNMC(_ context.Context, o client.Object) []ctrl.Request {
 }
 
 // Reconcile writes the Module's NMC spec entries, its device plugin DaemonSet and its status, in
-// the shape of the NMC reconciler: gather the facts, decide (pure), act, write the status once.
+// the shape of the NMC reconciler: gather the facts, decide (pure), act, write the status once. A
+// reconcile that met only conflicts is retried quietly.
 func (r *ModuleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	res, err := r.reconcile(ctx, req)
+	return r.conflicts.result(ctx, req, res, err)
+}
+
+func (r *ModuleReconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	log := ctrl.LoggerFrom(ctx).WithValues("module", req.String())
 	m := &kmmv1beta1.Module{}
 	if err := r.Client.Get(ctx, req.NamespacedName, m); err != nil {

@@ -20,7 +20,7 @@ func TestModuleDecide(t *testing.T) {
 		m := &kmmv1beta1.Module{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "m"}}
 		m.Spec.Selector = map[string]string{"gpu": "yes"}
 		m.Spec.ModuleLoader = &kmmv1beta1.ModuleLoaderSpec{}
-	c := &m.Spec.ModuleLoader.Container
+		c := &m.Spec.ModuleLoader.Container
 		c.Modprobe.ModuleName = "mod"
 		c.KernelMappings = []kmmv1beta1.KernelMapping{{Literal: "6.1.0", ContainerImage: "registry.local/mod:6.1.0"}}
 		return m

@@ -52,6 +52,7 @@ type NMCReconciler struct {
 
 	expectOnce sync.Once
 	expect     *podExpectations
+	conflicts  conflictRetry
 }
 
 // expected returns the reconciler's pod expectations, created on first use.
@@ -126,8 +127,14 @@ type pairOutcome struct {
 	worker fsm.Worker
 }
 
-// Reconcile gathers the node's facts, decides every pair, writes the NMC status once and executes.
+// Reconcile gathers the node's facts, decides every pair, writes the NMC status once and executes;
+// a reconcile that met only conflicts is retried quietly.
 func (r *NMCReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	res, err := r.reconcile(ctx, req)
+	return r.conflicts.result(ctx, req, res, err)
+}
+
+func (r *NMCReconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	log := ctrl.LoggerFrom(ctx).WithValues("node", req.Name)
 	f, err := r.gather(ctx, req.Name)
 	if err != nil || f == nil {

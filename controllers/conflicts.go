@@ -1,0 +1,47 @@
+package controllers
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/util/workqueue"
+	ctrl "sigs.k8s.io/controller-runtime"
+)
+
+// conflictRetry turns a reconcile that failed only on optimistic-concurrency conflicts into a quiet
+// requeue. A conflict says the object changed since it was read: the next reconcile decides on fresh
+// facts. Returned as an error, controller-runtime would log each one as "Reconciler error", noise a
+// user reads as a failure. The retry still backs off, per object, with client-go's exponential
+// limiter (10 ms doubling to 30 s), forgotten on the next reconcile that ends otherwise.
+type conflictRetry struct {
+	once    sync.Once
+	limiter workqueue.TypedRateLimiter[ctrl.Request]
+}
+
+func (c *conflictRetry) result(ctx context.Context, req ctrl.Request, res ctrl.Result, err error) (ctrl.Result, error) {
+	c.once.Do(func() {
+		c.limiter = workqueue.NewTypedItemExponentialFailureRateLimiter[ctrl.Request](10*time.Millisecond, 30*time.Second)
+	})
+	if err != nil && onlyConflicts(err) {
+		after := c.limiter.When(req)
+		ctrl.LoggerFrom(ctx).V(1).Info("Conflict: the object changed since it was read; retrying", "after", after, "error", err.Error())
+		return ctrl.Result{RequeueAfter: after}, nil
+	}
+	c.limiter.Forget(req)
+	return res, err
+}
+
+// onlyConflicts says whether err, and every error joined into it, is a conflict.
+func onlyConflicts(err error) bool {
+	if joined, ok := err.(interface{ Unwrap() []error }); ok {
+		for _, e := range joined.Unwrap() {
+			if e != nil && !onlyConflicts(e) {
+				return false
+			}
+		}
+		return true
+	}
+	return apierrors.IsConflict(err)
+}
