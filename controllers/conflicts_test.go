@@ -40,7 +40,7 @@ func TestConflictsRequeueQuietlyWithBackOff(t *testing.T) {
 			if first <= 0 || res.RequeueAfter <= first {
 				t.Fatalf("requeue after %v then %v: want a growing back-off", first, res.RequeueAfter)
 			}
-			c.result(context.Background(), req, ctrl.Result{}, nil)
+			_, _ = c.result(context.Background(), req, ctrl.Result{}, nil)
 			if res, _ = c.result(context.Background(), req, ctrl.Result{}, tc.err); res.RequeueAfter != first {
 				t.Fatalf("after a clean reconcile the back-off restarts at %v, got %v", first, res.RequeueAfter)
 			}
