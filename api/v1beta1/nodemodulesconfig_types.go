@@ -63,6 +63,16 @@ type ModuleConfig struct {
 	// Version is the Module's version for ordered upgrades, empty when not used.
 	// +optional
 	Version string `json:"version,omitempty"`
+
+	// InsecurePull is upstream KMM's record of registryTLS (pull without TLS). kmm never writes it;
+	// it is in the schema so that a switch from upstream keeps what upstream recorded (docs/migration.md).
+	// +optional
+	InsecurePull bool `json:"insecurePull,omitempty"`
+
+	// InTreeModuleToRemove is upstream KMM's older single-module form of InTreeModulesToRemove,
+	// kept across a switch from upstream; kmm never writes it.
+	// +optional
+	InTreeModuleToRemove string `json:"inTreeModuleToRemove,omitempty"`
 }
 
 // NodeModuleSpec is one module that should be loaded on the node. Written only by the Module→NMC controller.
@@ -86,6 +96,11 @@ type NodeModuleSpec struct {
 	// Tolerations of the worker pods.
 	// +optional
 	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
+
+	// Version is upstream KMM's place for the Module's version (kmm keeps it in Config.Version),
+	// kept across a switch from upstream; kmm never writes it.
+	// +optional
+	Version string `json:"version,omitempty"`
 }
 
 // NodeModulesConfigSpec is what should be loaded on the node.
@@ -162,6 +177,16 @@ type NodeModuleStatus struct {
 	// BootID is the node boot ID the worker saw when it loaded Config.
 	// +optional
 	BootID string `json:"bootID,omitempty"`
+
+	// UpstreamBootID is the boot ID upstream KMM recorded when it loaded Config (its field bootId).
+	// kmm reads it once, when it adopts the entry, and never writes it.
+	// +optional
+	UpstreamBootID string `json:"bootId,omitempty"`
+
+	// Version is upstream KMM's place for the loaded version (kmm keeps it in Config.Version);
+	// kmm reads it once, when it adopts the entry, and never writes it.
+	// +optional
+	Version string `json:"version,omitempty"`
 
 	// ImageDigest is the digest of the kmod image the worker loaded.
 	// +optional
