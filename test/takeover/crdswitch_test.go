@@ -1,4 +1,4 @@
-package v1beta1_test
+package takeover_test
 
 import (
 	"context"
