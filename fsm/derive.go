@@ -20,8 +20,12 @@ func derive(f *Facts) (Trigger, bool) {
 	return deriveFuncs[f.state()](f)
 }
 
-// deriveAbsent: rule 2, status missing and the node runs the spec's kernel → load.
+// deriveAbsent: a record upstream KMM left that kmm's spec wants in this boot is adopted; else
+// rule 2, status missing and the node runs the spec's kernel → load.
 func deriveAbsent(f *Facts) (Trigger, bool) {
+	if f.adoptable() {
+		return Adopted, true
+	}
 	return SpecSet, f.nodeUsable() && f.specKernelMatches()
 }
 

@@ -125,4 +125,4 @@ func DiagramFiles() map[string]string {
 
 // AllTriggers lists every trigger.
 var AllTriggers = []Trigger{SpecSet, SpecChanged, SpecRemoved, SpecRestored, KernelChanged, NodeRebooted,
-	WorkerSucceeded, WorkerFailed, WorkerTimedOut, WorkerRejected, BackOffExpired, UpgradeRequested, DevicePluginGone, UpgradeAbandoned}
+	WorkerSucceeded, WorkerFailed, WorkerTimedOut, WorkerRejected, BackOffExpired, UpgradeRequested, DevicePluginGone, UpgradeAbandoned, Adopted}

@@ -32,6 +32,15 @@ type Facts struct {
 	// CreateRefused is the API server's refusal of the pair's last worker pod, nil when none is
 	// known (the reconciler remembers it until a pod of the pair exists again).
 	CreateRefused *CreateRefusal
+	// UpstreamWorkerPresent says a worker pod upstream KMM created for the pair is still on the node
+	// (see adopt.go): a record upstream left waits for it.
+	UpstreamWorkerPresent bool
+	// SpecWrittenByKMM says kmm's Module→NMC controller wrote the pair's spec entry (its field
+	// manager owns it); an entry upstream KMM left is not kmm's decision yet.
+	SpecWrittenByKMM bool
+
+	// foreign is set by Step: the status entry was another operator's record when the step began.
+	foreign bool
 }
 
 // CreateRefusal is a worker pod the API server would not create (invalid, forbidden, too large):

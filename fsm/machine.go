@@ -65,6 +65,9 @@ const (
 	// UpgradeAbandoned: an upgrade waiting for the new version's spec entry cannot go on: no version
 	// is requested any more, or the worker-pod label is at the target and still no entry exists.
 	UpgradeAbandoned Trigger = "UpgradeAbandoned"
+	// Adopted: upstream KMM recorded the spec's config as loaded on this kernel in this boot (a
+	// switch from upstream, docs/migration.md): kmm takes it as loaded, without a worker.
+	Adopted Trigger = "Adopted"
 )
 
 // IsFailure says whether a trigger reports a failed attempt (it counts in attempts and is a
@@ -127,7 +130,8 @@ func newMachine(initial State) *stateless.StateMachine {
 // the controller, the tests and the diagram generator all use it.
 func Configure(sm *stateless.StateMachine) {
 	sm.Configure(Absent).
-		Permit(SpecSet, Loading, nodeKernelMatchesSpec)
+		Permit(SpecSet, Loading, nodeKernelMatchesSpec).
+		Permit(Adopted, Loaded, upstreamRecordMatchesSpec)
 
 	sm.Configure(Loading).
 		Permit(WorkerSucceeded, Loaded).
@@ -195,6 +199,12 @@ func nodeKernelMatchesSpec(ctx context.Context, _ ...any) bool {
 
 func nodeKernelDiffersFromSpec(ctx context.Context, args ...any) bool {
 	return !nodeKernelMatchesSpec(ctx, args...)
+}
+
+// upstreamRecordMatchesSpec: what upstream KMM recorded as loaded is the spec's config, on the
+// node's kernel, in its current boot.
+func upstreamRecordMatchesSpec(ctx context.Context, _ ...any) bool {
+	return pairFrom(ctx).facts.adoptable()
 }
 
 // drainNeeded: the module's device plugin pod, or workload pods its upgrade drain selects, are

@@ -63,6 +63,14 @@ type WorkerIntent struct {
 // the status entry, and plans the side effects of the resulting state.
 func Step(f Facts) Result {
 	st := *f.Status.DeepCopy()
+	if foreignRecord(&st) {
+		if why := f.foreignMustWait(); why != "" {
+			// Nothing is decided, so nothing is recorded: the entry stays upstream's until it can be.
+			return Result{Status: &st, Plan: Plan{Waiting: why, RequeueAfter: ForeignWait}}
+		}
+		f.foreign = true
+		normalizeForeign(&st, f.Spec)
+	}
 	if st.State == "" {
 		st.State = Absent
 		st.LastTransitionTime = metav1.NewTime(f.Now)
@@ -109,6 +117,8 @@ func record(st *kmmv1beta1.NodeModuleStatus, t Trigger, to State, f *Facts) kmmv
 		recordLoaded(st, f)
 	case t == WorkerSucceeded && from == Unloading:
 		recordUnloaded(st, f)
+	case t == Adopted:
+		recordAdopted(st, f)
 	case IsFailure(t):
 		st.Attempts++
 	case t == NodeRebooted && (f.rebootedByBootID() || !f.statusKernelMatches()):
@@ -197,6 +207,8 @@ func messageFor(t Trigger, f *Facts) string {
 		return "worker " + string(f.Worker.Action) + " succeeded"
 	case NodeRebooted:
 		return "node rebooted or became Ready again since the last worker run"
+	case Adopted:
+		return "upstream KMM loaded this config in the node's current boot: adopted without a worker"
 	case UpgradeRequested:
 		return "node asks for version " + f.Node.UpgradeTarget + ": draining the device plugin"
 	}
