@@ -9,9 +9,12 @@ TOOLS_MOD := test/tools/go.mod
 
 CONTROLLER_TOOLS_VERSION := v0.23.0
 GOLANGCI_LINT_VERSION := v2.15.0
+# v5.8.3 needs a newer Go than this machine's 1.26.
+KUSTOMIZE_VERSION := v5.8.2
 
 CONTROLLER_GEN := $(BIN)/controller-gen
 GOLANGCI_LINT := $(BIN)/golangci-lint
+KUSTOMIZE := $(BIN)/kustomize
 CONTROL_PLANE := $(BIN)/etcd $(BIN)/kube-apiserver $(BIN)/kube-controller-manager $(BIN)/kube-scheduler
 
 # envtest finds etcd and kube-apiserver here (see test/envtest).
@@ -61,7 +64,7 @@ generate: $(CONTROLLER_GEN) ## Generate deepcopy code.
 
 .PHONY: manifests
 manifests: $(CONTROLLER_GEN) ## Generate CRDs, RBAC and webhook configuration into config/.
-	$(CONTROLLER_GEN) crd rbac:roleName=manager-role webhook paths=./... \
+	$(CONTROLLER_GEN) crd rbac:roleName=kmm-manager-role webhook paths=./... \
 		output:crd:artifacts:config=config/crd/bases \
 		output:rbac:artifacts:config=config/rbac \
 		output:webhook:artifacts:config=config/webhook
@@ -167,10 +170,26 @@ docker-build: ## Build the same two images with a Docker engine, from the Docker
 	docker build --target manager -t $(MANAGER_IMAGE):$(IMAGE_TAG) .
 	docker build --target worker -t $(WORKER_IMAGE):$(IMAGE_TAG) .
 
+##@ Deployment
+
+# The images `make deploy` installs: the operator's, and the worker's that the operator runs on
+# the nodes (both set with `kustomize edit set image` on config/default). By default what
+# `make push-images REGISTRY=...` pushed.
+IMG ?= $(if $(REGISTRY),$(REGISTRY)/)$(or $(MANAGER_IMAGE),kmm-manager):$(or $(IMAGE_TAG),dev)
+WORKER_IMG ?= $(if $(REGISTRY),$(REGISTRY)/)$(or $(WORKER_IMAGE),kmm-worker):$(or $(IMAGE_TAG),dev)
+
+.PHONY: deploy
+deploy: $(KUSTOMIZE) ## Install kmm (config/default with IMG and WORKER_IMG) into the cluster of $KUBECONFIG, server-side applied.
+	go run ./cmd/kmm-deploy apply --kustomize $(KUSTOMIZE) --image kmm-manager=$(IMG) --image kmm-worker=$(WORKER_IMG) config/default
+
+.PHONY: undeploy
+undeploy: $(KUSTOMIZE) ## Remove kmm from the cluster of $KUBECONFIG, CRDs last; refuses while Modules exist (docs/install.md).
+	go run ./cmd/kmm-deploy delete --kustomize $(KUSTOMIZE) config/default
+
 ##@ Tools
 
 .PHONY: tools
-tools: $(CONTROL_PLANE) $(CONTROLLER_GEN) ## Build etcd, kube-apiserver, kube-controller-manager, kube-scheduler and controller-gen into bin/ (once).
+tools: $(CONTROL_PLANE) $(CONTROLLER_GEN) $(KUSTOMIZE) ## Build etcd, kube-apiserver, kube-controller-manager, kube-scheduler, controller-gen and kustomize into bin/ (once).
 
 .PHONY: packages
 packages: ## Install the Debian packages the tests need when missing.
@@ -190,6 +209,10 @@ $(BIN)/kubelet: $(TOOLS_MOD)
 
 $(CONTROLLER_GEN):
 	GOBIN=$(BIN) go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_TOOLS_VERSION)
+
+$(KUSTOMIZE):
+	@echo ">> building kustomize $(KUSTOMIZE_VERSION) into bin/ (first run only)"
+	GOBIN=$(BIN) go install sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION)
 
 $(GOLANGCI_LINT):
 	@echo ">> building golangci-lint $(GOLANGCI_LINT_VERSION) into bin/ (first run only)"

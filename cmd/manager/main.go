@@ -4,7 +4,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -27,31 +26,27 @@ func main() {
 
 // run parses args, builds the manager and runs it until ctx is done.
 func run(ctx context.Context, args []string, logOut io.Writer) error {
-	fs := flag.NewFlagSet("manager", flag.ContinueOnError)
-	opts := app.DefaultOptions()
-	opts.BindFlags(fs)
-	kubeconfig := fs.String("kubeconfig", "", "Path to a kubeconfig; default: $KUBECONFIG, in-cluster config, then ~/.kube/config.")
-	logLevel := fs.String("log-level", "info", "Log level: debug, info, warn or error.")
-	logConsole := fs.Bool("log-console", false, "Log human-readable text instead of JSON.")
-	if err := fs.Parse(args); err != nil {
+	a, err := app.ParseArgs(args)
+	if err != nil {
 		return err
 	}
-	log, err := logging.New(logOut, *logLevel, *logConsole)
+	log, err := logging.New(logOut, a.LogLevel, a.LogConsole)
 	if err != nil {
 		return err
 	}
 	ctrl.SetLogger(log)
 	klog.SetLogger(log)
 
-	cfg, err := restConfig(*kubeconfig)
+	cfg, err := restConfig(a.Kubeconfig)
 	if err != nil {
 		return fmt.Errorf("loading the kubeconfig: %w", err)
 	}
-	mgr, err := app.New(cfg, opts)
+	mgr, err := app.New(cfg, a.Options)
 	if err != nil {
 		return err
 	}
-	log.Info("Starting the manager", "metrics", opts.MetricsAddr, "probes", opts.ProbeAddr, "leaderElection", opts.LeaderElect)
+	log.Info("Starting the manager", "metrics", a.MetricsAddr, "metricsSecure", a.MetricsSecure, "probes", a.ProbeAddr,
+		"leaderElection", a.LeaderElect, "certManagement", a.CertManagement, "workerImage", a.WorkerImage)
 	return mgr.Start(ctx)
 }
 

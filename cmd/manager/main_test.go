@@ -8,15 +8,12 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
 	"github.com/kmm-project/kmm/cmd/manager/app"
 	"github.com/kmm-project/kmm/test/envtest"
@@ -107,6 +104,36 @@ func TestOptionsValidate(t *testing.T) {
 	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "webhook-port must be a TCP port") {
 		t.Fatalf("Validate() = %v", err)
 	}
+	o = app.DefaultOptions()
+	o.CertManagement = "cert-manager"
+	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "cert-management must be self or none") {
+		t.Fatalf("Validate() = %v", err)
+	}
+	o = app.DefaultOptions()
+	o.CertManagement, o.Certs.Validity, o.Certs.RefreshBefore = "self", time.Hour, time.Hour
+	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "cert-validity (1h0m0s) must exceed cert-refresh-before") {
+		t.Fatalf("Validate() = %v", err)
+	}
+	o.DisableWebhook = true
+	if err := o.Validate(); err != nil {
+		t.Fatalf("without the webhook the certificate settings do not matter: %v", err)
+	}
+}
+
+func TestParseArgs(t *testing.T) {
+	a, err := app.ParseArgs([]string{"--kubeconfig=/k", "--log-level=debug", "--cert-management=self", "--worker-image=reg/w:1", "--metrics-secure"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Kubeconfig != "/k" || a.LogLevel != "debug" || a.CertManagement != "self" || a.WorkerImage != "reg/w:1" || !a.MetricsSecure {
+		t.Fatalf("ParseArgs = %+v", a)
+	}
+	if d := app.DefaultOptions(); a.QPS != d.QPS || a.Certs != d.Certs {
+		t.Fatalf("unset flags moved from their defaults: %+v", a.Options)
+	}
+	if _, err := app.ParseArgs([]string{"stray"}); err == nil || !strings.Contains(err.Error(), "unexpected arguments: stray") {
+		t.Fatalf("a positional argument: %v", err)
+	}
 }
 
 func writeKubeconfig(t *testing.T, env *envtest.Env) string {
@@ -165,52 +192,4 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	_ = env.Stop()
 	os.Exit(code)
-}
-
-// TestDeploymentManifestsApply checks that config/manager and config/rbac are valid objects for a
-// real API server (server-side dry run) and that the binding names the generated role.
-func TestDeploymentManifestsApply(t *testing.T) {
-	root, err := envtest.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := client.New(env.Config, client.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// config/manager first: it holds the Namespace the Role of config/rbac lives in.
-	files, _ := filepath.Glob(filepath.Join(root, "config", "manager", "*.yaml"))
-	rbac, _ := filepath.Glob(filepath.Join(root, "config", "rbac", "*.yaml"))
-	files = append(files, rbac...)
-	kinds := map[string]int{}
-	for _, f := range files {
-		data, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, doc := range strings.Split(string(data), "\n---") {
-			obj := &unstructured.Unstructured{}
-			if err := yaml.Unmarshal([]byte(doc), &obj.Object); err != nil {
-				t.Fatalf("%s: %v", f, err)
-			}
-			if len(obj.Object) == 0 {
-				continue
-			}
-			kinds[obj.GetKind()]++
-			if obj.GetKind() == "Namespace" {
-				if err := c.Create(context.Background(), obj); err != nil {
-					t.Fatalf("%s: creating %s: %v", f, obj.GetName(), err)
-				}
-				continue
-			}
-			if err := c.Create(context.Background(), obj, client.DryRunAll); err != nil {
-				t.Fatalf("%s: %s %s rejected: %v", f, obj.GetKind(), obj.GetName(), err)
-			}
-		}
-	}
-	for _, k := range []string{"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Namespace", "ServiceAccount", "Deployment"} {
-		if kinds[k] == 0 {
-			t.Errorf("no %s in config/rbac or config/manager", k)
-		}
-	}
 }

@@ -32,6 +32,21 @@ type Env struct {
 
 // Start starts etcd and kube-apiserver and installs config/crd and config/webhook.
 func Start() (*Env, error) {
+	return StartWith(Options{})
+}
+
+// Options change what StartWith starts and installs.
+type Options struct {
+	// Bare installs nothing: no CRDs, no webhook configuration (for tests that install kmm the
+	// way an administrator does).
+	Bare bool
+	// APIServerFlags are set on kube-apiserver on top of envtest's defaults.
+	APIServerFlags map[string]string
+}
+
+// StartWith starts etcd and kube-apiserver as o says and, unless o.Bare, installs config/crd and
+// config/webhook.
+func StartWith(o Options) (*Env, error) {
 	root, err := RepoRoot()
 	if err != nil {
 		return nil, err
@@ -40,14 +55,18 @@ func Start() (*Env, error) {
 	if err != nil {
 		return nil, err
 	}
-	te := &envtest.Environment{
-		BinaryAssetsDirectory: assets,
-		CRDDirectoryPaths:     []string{filepath.Join(root, "config", "crd", "bases")},
-		ErrorIfCRDPathMissing: true,
-		WebhookInstallOptions: envtest.WebhookInstallOptions{
-			Paths:            []string{filepath.Join(root, "config", "webhook")},
+	te := &envtest.Environment{BinaryAssetsDirectory: assets}
+	if !o.Bare {
+		te.CRDDirectoryPaths = []string{filepath.Join(root, "config", "crd", "bases")}
+		te.ErrorIfCRDPathMissing = true
+		te.WebhookInstallOptions = envtest.WebhookInstallOptions{
+			Paths:            []string{filepath.Join(root, "config", "webhook", "manifests.yaml")},
 			LocalServingHost: "127.0.0.1",
-		},
+		}
+	}
+	args := te.ControlPlane.GetAPIServer().Configure()
+	for k, v := range o.APIServerFlags {
+		args.Set(k, v)
 	}
 	cfg, err := te.Start()
 	if err != nil {

@@ -1,12 +1,19 @@
 // Package app wires the kmm operator (cmd/manager): the controller-runtime manager with its metrics endpoint,
-// health probes, leader election, API client rate limits and the Module validating webhook. The
-// controllers register here as they are added. cmd/manager parses flags into Options and calls New;
-// tests call New against envtest.
+// health probes, leader election, API client rate limits, the Module validating webhook and its
+// serving certificate (internal/certs). The controllers register here as they are added.
+// cmd/manager parses its command line with ParseArgs and calls New; tests call New against envtest,
+// or ParseArgs with the arguments of the rendered install Deployment.
 package app
 
 import (
+	"context"
 	"flag"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -22,6 +29,8 @@ import (
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
@@ -29,6 +38,7 @@ import (
 	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/controllers"
 	"github.com/kmm-project/kmm/fsm"
+	"github.com/kmm-project/kmm/internal/certs"
 	kmmwebhook "github.com/kmm-project/kmm/internal/webhook"
 	"github.com/kmm-project/kmm/upgrade"
 )
@@ -37,6 +47,9 @@ import (
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;create;update,namespace=kmm-system
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+// The secure metrics endpoint asks the API server who a scraper is and whether it may read /metrics.
+// +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
+// +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
 
 // LeaderElectionID names the Lease the operator replicas compete for.
 const LeaderElectionID = "kmm-operator.kmm.sigs.x-k8s.io"
@@ -44,7 +57,10 @@ const LeaderElectionID = "kmm-operator.kmm.sigs.x-k8s.io"
 // Options are the operator's settings, one flag each.
 type Options struct {
 	MetricsAddr string
-	ProbeAddr   string
+	// MetricsSecure serves metrics over HTTPS to clients the API server authenticates and authorizes
+	// (a bearer token allowed to get the /metrics non-resource URL); plain HTTP otherwise.
+	MetricsSecure bool
+	ProbeAddr     string
 	// PprofAddr serves net/http/pprof (profiling); empty or "0" disables it.
 	PprofAddr            string
 	LeaderElect          bool
@@ -55,6 +71,11 @@ type Options struct {
 	WebhookPort          int
 	WebhookCertDir       string
 	DisableWebhook       bool
+	// CertManagement says who provides the webhook's serving certificate: certs.ModeSelf (kmm,
+	// configured by Certs) or certs.ModeNone (files in WebhookCertDir, e.g. from cert-manager).
+	CertManagement string
+	// Certs configures the certificate kmm manages itself; its CertDir is WebhookCertDir.
+	Certs certs.Options
 	// WorkerImage is the image of the worker pods.
 	WorkerImage string
 	// NMCConcurrency is how many nodes the NMC controller reconciles at once.
@@ -79,6 +100,8 @@ func DefaultOptions() Options {
 		QPS:            500,
 		Burst:          1000,
 		WebhookPort:    9443,
+		CertManagement: certs.ModeNone,
+		Certs:          certs.DefaultOptions(),
 		WorkerImage:    "kmm-worker:dev",
 		NMCConcurrency: 16,
 		BackOff:        fsm.DefaultBackOff,
@@ -88,6 +111,7 @@ func DefaultOptions() Options {
 // BindFlags registers one flag per option on fs, with o's current values as defaults.
 func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.MetricsAddr, "metrics-bind-address", o.MetricsAddr, "Address of the Prometheus metrics endpoint; 0 disables it.")
+	fs.BoolVar(&o.MetricsSecure, "metrics-secure", o.MetricsSecure, "Serve metrics over HTTPS, only to clients allowed to get /metrics (TokenReview and SubjectAccessReview); plain HTTP when false.")
 	fs.StringVar(&o.ProbeAddr, "health-probe-bind-address", o.ProbeAddr, "Address of the /healthz and /readyz endpoints; 0 disables them.")
 	fs.StringVar(&o.PprofAddr, "pprof-bind-address", o.PprofAddr, "Address of the net/http/pprof endpoints (/debug/pprof/); empty or 0 disables them.")
 	fs.BoolVar(&o.LeaderElect, "leader-elect", o.LeaderElect, "Elect a leader so that only one replica reconciles.")
@@ -98,6 +122,14 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.WebhookPort, "webhook-port", o.WebhookPort, "Port of the admission webhook server.")
 	fs.StringVar(&o.WebhookCertDir, "webhook-cert-dir", o.WebhookCertDir, "Directory holding tls.crt and tls.key for the webhook server.")
 	fs.BoolVar(&o.DisableWebhook, "disable-webhook", o.DisableWebhook, "Do not serve the admission webhook (the CRD schema still validates).")
+	fs.StringVar(&o.CertManagement, "cert-management", o.CertManagement, "Who provides the webhook's serving certificate: self (kmm creates and rotates it in --cert-secret-name and injects the caBundle) or none (tls.crt and tls.key in --webhook-cert-dir, e.g. from cert-manager).")
+	fs.StringVar(&o.Certs.SecretName, "cert-secret-name", o.Certs.SecretName, "Secret holding the CA and the serving certificate kmm manages (--cert-management=self).")
+	fs.StringVar(&o.Certs.Namespace, "cert-namespace", o.Certs.Namespace, "Namespace of that Secret and of the webhook Service.")
+	fs.StringVar(&o.Certs.WebhookConfigName, "webhook-config-name", o.Certs.WebhookConfigName, "ValidatingWebhookConfiguration whose caBundle kmm keeps current (--cert-management=self).")
+	fs.StringVar(&o.Certs.ServiceName, "webhook-service-name", o.Certs.ServiceName, "Service of the webhook: the certificate is for <service>.<cert-namespace>.svc.")
+	fs.DurationVar(&o.Certs.Validity, "cert-validity", o.Certs.Validity, "How long a serving certificate kmm generates is valid.")
+	fs.DurationVar(&o.Certs.RefreshBefore, "cert-refresh-before", o.Certs.RefreshBefore, "How long before its end a serving certificate (or the CA) is replaced.")
+	fs.DurationVar(&o.Certs.CheckInterval, "cert-check-interval", o.Certs.CheckInterval, "How often kmm checks whether the certificate must be replaced.")
 	fs.StringVar(&o.WorkerImage, "worker-image", o.WorkerImage, "Image of the worker pods that load and unload modules.")
 	fs.IntVar(&o.NMCConcurrency, "nmc-concurrency", o.NMCConcurrency, "Nodes the NMC controller reconciles concurrently.")
 	fs.DurationVar(&o.BackOff.Base, "worker-backoff", o.BackOff.Base, "Wait after a first worker failure; it doubles with each further failure.")
@@ -115,10 +147,70 @@ func (o *Options) Validate() error {
 	if o.WorkerImage == "" || o.NMCConcurrency < 1 {
 		return fmt.Errorf("worker-image must be set and nmc-concurrency at least 1, got %q and %d", o.WorkerImage, o.NMCConcurrency)
 	}
-	if !o.DisableWebhook && (o.WebhookPort <= 0 || o.WebhookPort > 65535) {
+	if o.DisableWebhook {
+		return nil
+	}
+	if o.WebhookPort <= 0 || o.WebhookPort > 65535 {
 		return fmt.Errorf("webhook-port must be a TCP port, got %d", o.WebhookPort)
 	}
-	return nil
+	switch o.CertManagement {
+	case certs.ModeNone:
+		return nil
+	case certs.ModeSelf:
+		return o.certOptions().Validate()
+	default:
+		return fmt.Errorf("cert-management must be %s or %s, got %q", certs.ModeSelf, certs.ModeNone, o.CertManagement)
+	}
+}
+
+// selfManagedCerts says whether kmm provisions the webhook's certificate itself.
+func (o *Options) selfManagedCerts() bool {
+	return !o.DisableWebhook && o.CertManagement == certs.ModeSelf
+}
+
+// managersInProcess numbers the managers a process builds, so that each has its own certificate
+// rotator controller name (AllowRestartInProcess).
+var managersInProcess atomic.Int32
+
+func (o *Options) certOptions() certs.Options {
+	c := o.Certs
+	c.CertDir = o.webhookCertDir()
+	return c
+}
+
+// webhookCertDir is --webhook-cert-dir, or controller-runtime's default when it is empty.
+func (o *Options) webhookCertDir() string {
+	if o.WebhookCertDir != "" {
+		return o.WebhookCertDir
+	}
+	return filepath.Join(os.TempDir(), "k8s-webhook-server", "serving-certs")
+}
+
+// Args is cmd/manager's command line: the Options and the flags of the process itself.
+type Args struct {
+	Options
+	// Kubeconfig is a kubeconfig path; empty: $KUBECONFIG, in-cluster config, then ~/.kube/config.
+	Kubeconfig string
+	LogLevel   string
+	LogConsole bool
+}
+
+// ParseArgs parses cmd/manager's arguments (without the program name) over DefaultOptions. The
+// binary and the install tests, which run the arguments of the rendered Deployment, share it.
+func ParseArgs(args []string) (Args, error) {
+	a := Args{Options: DefaultOptions(), LogLevel: "info"}
+	fs := flag.NewFlagSet("manager", flag.ContinueOnError)
+	a.BindFlags(fs)
+	fs.StringVar(&a.Kubeconfig, "kubeconfig", a.Kubeconfig, "Path to a kubeconfig; default: $KUBECONFIG, in-cluster config, then ~/.kube/config.")
+	fs.StringVar(&a.LogLevel, "log-level", a.LogLevel, "Log level: debug, info, warn or error.")
+	fs.BoolVar(&a.LogConsole, "log-console", a.LogConsole, "Log human-readable text instead of JSON.")
+	if err := fs.Parse(args); err != nil {
+		return a, err
+	}
+	if fs.NArg() != 0 {
+		return a, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	}
+	return a, nil
 }
 
 // NewScheme returns a scheme with the Kubernetes built-in kinds and the kmm kinds.
@@ -129,7 +221,9 @@ func NewScheme() *runtime.Scheme {
 	return s
 }
 
-// New builds the manager from cfg and o, with the webhook and health checks registered.
+// New builds the manager from cfg and o, with the webhook and health checks registered. With
+// --cert-management=self it creates the certificate Secret when it is missing (an API call), and
+// the webhook server, the readiness check and the controllers wait for the certificate.
 func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
@@ -137,35 +231,54 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 	cfg = rest.CopyConfig(cfg)
 	cfg.QPS, cfg.Burst = float32(o.QPS), o.Burst
 
+	metrics := metricsserver.Options{BindAddress: o.MetricsAddr}
+	if o.MetricsSecure {
+		// No certificate directory: controller-runtime serves a self-signed certificate, which
+		// encrypts; who may read is decided by the API server's TokenReview and
+		// SubjectAccessReview. A ServiceMonitor skips verifying it (config/prometheus).
+		metrics.SecureServing = true
+		metrics.FilterProvider = filters.WithAuthenticationAndAuthorization
+	}
+	certOpts := o.certOptions()
+	if o.AllowRestartInProcess {
+		certOpts.ControllerName = fmt.Sprintf("%s-%d", certOpts.ControllerName, managersInProcess.Add(1))
+	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                  NewScheme(),
-		Metrics:                 metricsserver.Options{BindAddress: o.MetricsAddr},
+		Metrics:                 metrics,
 		HealthProbeBindAddress:  o.ProbeAddr,
 		PprofBindAddress:        o.PprofAddr,
 		LeaderElection:          o.LeaderElect,
 		LeaderElectionID:        LeaderElectionID,
 		LeaderElectionNamespace: o.LeaderElectNamespace,
 		Controller:              config.Controller{SkipNameValidation: ptr.To(o.AllowRestartInProcess)},
-		Cache:                   cacheOptions(),
+		Cache:                   cacheOptions(o, certOpts),
 		WebhookServer: webhook.NewServer(webhook.Options{
 			Host:    o.WebhookHost,
 			Port:    o.WebhookPort,
-			CertDir: o.WebhookCertDir,
+			CertDir: o.webhookCertDir(),
 		}),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating the manager: %w", err)
 	}
-	if !o.DisableControllers {
-		if err := setupControllers(mgr, o); err != nil {
-			return nil, err
-		}
-	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return nil, fmt.Errorf("adding the health check: %w", err)
 	}
+	controllerMgr := ctrl.Manager(mgr)
 	readyCheck := healthz.Ping
-	if !o.DisableWebhook {
+	switch {
+	case o.DisableWebhook:
+	case o.selfManagedCerts():
+		certsReady, err := setupSelfManagedCerts(cfg, mgr, certOpts)
+		if err != nil {
+			return nil, err
+		}
+		readyCheck = certs.ServingChecker(certsReady, o.WebhookHost, o.WebhookPort, certOpts.CertDir, certOpts.DNSName())
+		// The Module controller writes Modules (its finalizer), which the API server sends
+		// through the webhook: the controllers start once it can answer.
+		controllerMgr = gatedManager{Manager: mgr, gate: certsReady}
+	default:
 		if err := kmmwebhook.SetupModuleWebhook(mgr); err != nil {
 			return nil, fmt.Errorf("registering the Module webhook: %w", err)
 		}
@@ -174,20 +287,110 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 	if err := mgr.AddReadyzCheck("readyz", readyCheck); err != nil {
 		return nil, fmt.Errorf("adding the readiness check: %w", err)
 	}
+	if !o.DisableControllers {
+		if err := setupControllers(controllerMgr, o); err != nil {
+			return nil, err
+		}
+	}
 	return mgr, nil
+}
+
+// setupSelfManagedCerts creates the certificate Secret when missing, adds the rotator, and
+// registers the webhook (which starts the webhook server) once the certificate is in the
+// directory and the caBundle injected. The returned channel is closed then.
+func setupSelfManagedCerts(cfg *rest.Config, mgr ctrl.Manager, o certs.Options) (<-chan struct{}, error) {
+	c, err := client.New(cfg, client.Options{Scheme: mgr.GetScheme()})
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := certs.EnsureSecret(ctx, c, o); err != nil {
+		return nil, err
+	}
+	certsReady, err := certs.Setup(mgr, o)
+	if err != nil {
+		return nil, err
+	}
+	registered := make(chan struct{})
+	register := manager.RunnableFunc(func(ctx context.Context) error {
+		select {
+		case <-certsReady:
+		case <-ctx.Done():
+			return nil
+		}
+		// The webhook server reads the certificate files when it starts, on this first call.
+		if err := kmmwebhook.SetupModuleWebhook(mgr); err != nil {
+			return fmt.Errorf("registering the Module webhook: %w", err)
+		}
+		ctrl.Log.WithName("certs").Info("The webhook serving certificate is in place: serving the Module webhook", "dnsName", o.DNSName())
+		close(registered)
+		return nil
+	})
+	if err := mgr.Add(noLeaderElection{register}); err != nil {
+		return nil, err
+	}
+	return registered, nil
+}
+
+// noLeaderElection runs a runnable on every replica.
+type noLeaderElection struct{ manager.Runnable }
+
+// NeedLeaderElection is false: every replica serves the webhook.
+func (noLeaderElection) NeedLeaderElection() bool { return false }
+
+// gatedManager is a manager whose runnables start only once gate is closed; the controllers are
+// set up through it so that they wait for the webhook.
+type gatedManager struct {
+	ctrl.Manager
+	gate <-chan struct{}
+}
+
+// Add adds r, to be started once the gate is open.
+func (g gatedManager) Add(r manager.Runnable) error {
+	return g.Manager.Add(gatedRunnable{Runnable: r, gate: g.gate})
+}
+
+// gatedRunnable waits for gate, then runs the runnable; it keeps the runnable's leader election need.
+type gatedRunnable struct {
+	manager.Runnable
+	gate <-chan struct{}
+}
+
+// Start waits for the gate, then starts the runnable.
+func (g gatedRunnable) Start(ctx context.Context) error {
+	select {
+	case <-g.gate:
+	case <-ctx.Done():
+		return nil
+	}
+	return g.Runnable.Start(ctx)
+}
+
+// NeedLeaderElection is the wrapped runnable's (true when it does not say).
+func (g gatedRunnable) NeedLeaderElection() bool {
+	if le, ok := g.Runnable.(manager.LeaderElectionRunnable); ok {
+		return le.NeedLeaderElection()
+	}
+	return true
 }
 
 // cacheOptions scope what the operator holds in memory: only its own pods (worker and device
 // plugin pods), not every pod in the cluster; no object's managedFields (nothing reads them, and an
 // NMC written by several Modules carries one entry per Module); no Node's image list.
-func cacheOptions() cache.Options {
-	return cache.Options{
+// With self-managed certificates it also holds the one certificate Secret.
+func cacheOptions(o Options, c certs.Options) cache.Options {
+	opts := cache.Options{
 		DefaultTransform: cache.TransformStripManagedFields(),
 		ByObject: map[client.Object]cache.ByObject{
 			&corev1.Pod{}:  {Label: labels.SelectorFromSet(labels.Set{contract.LabelManagedBy: contract.ManagedBy})},
 			&corev1.Node{}: {Transform: stripNode},
 		},
 	}
+	if o.selfManagedCerts() {
+		opts.ByObject[&corev1.Secret{}] = c.SecretCache()
+	}
+	return opts
 }
 
 // stripNode is the cache transform of Nodes: managedFields and the image list go (a node's list

@@ -1,7 +1,9 @@
 package app
 
 import (
+	"context"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -32,5 +34,55 @@ func TestStripNodeKeepsWhatKMMReads(t *testing.T) {
 	}
 	if other, err := stripNode(&corev1.Pod{}); err != nil || other == nil {
 		t.Errorf("a non-Node object: %v, %v", other, err)
+	}
+}
+
+type runnable struct {
+	started chan struct{}
+	le      *bool
+}
+
+func (r runnable) Start(context.Context) error { close(r.started); return nil }
+
+type leRunnable struct{ runnable }
+
+func (r leRunnable) NeedLeaderElection() bool { return *r.le }
+
+// TestGatedRunnableWaitsForTheGate checks that a controller set up through gatedManager starts only
+// once the gate opens, keeps its leader election need, and returns when stopped before it.
+func TestGatedRunnableWaitsForTheGate(t *testing.T) {
+	gate := make(chan struct{})
+	r := runnable{started: make(chan struct{})}
+	g := gatedRunnable{Runnable: r, gate: gate}
+	done := make(chan error, 1)
+	go func() { done <- g.Start(context.Background()) }()
+	select {
+	case <-r.started:
+		t.Fatal("started before the gate opened")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(gate)
+	<-r.started
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !g.NeedLeaderElection() {
+		t.Error("a runnable that does not say needs leader election")
+	}
+	no := false
+	if (gatedRunnable{Runnable: leRunnable{runnable{le: &no}}}).NeedLeaderElection() {
+		t.Error("the runnable's own answer was not kept")
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	waiting := runnable{started: make(chan struct{})}
+	if err := (gatedRunnable{Runnable: waiting, gate: make(chan struct{})}).Start(ctx); err != nil {
+		t.Fatalf("stopped before the gate: %v", err)
+	}
+	select {
+	case <-waiting.started:
+		t.Fatal("started although stopped before the gate opened")
+	default:
 	}
 }
