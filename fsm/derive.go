@@ -81,7 +81,7 @@ func specWithdrawn(f *Facts) (Trigger, bool) {
 }
 
 func deriveLoadBackOff(f *Facts) (Trigger, bool) {
-	if f.lateSuccess() {
+	if f.lateSuccess(ActionLoad) {
 		return WorkerSucceeded, true // the pod timed out, then finished after all: the module is loaded
 	}
 	if !f.nodeUsable() {
@@ -165,6 +165,11 @@ func deriveUnloading(f *Facts) (Trigger, bool) {
 }
 
 func deriveUnloadBackOff(f *Facts) (Trigger, bool) {
+	if f.lateSuccess(ActionUnload) {
+		// The pod timed out, then finished after all: the module is unloaded, whatever the spec
+		// says now (a spec back at the old config must load it again, not call it Loaded).
+		return WorkerSucceeded, true
+	}
 	if !f.nodeUsable() {
 		return "", false
 	}

@@ -49,9 +49,11 @@ var StateDescriptions = map[State]string{
 		"config refused as invalid (reason InvalidConfig) is not retried until the spec entry changes. " +
 		"A spec entry that replaces the failed config retries at once; a removed entry or another " +
 		"kernel returns it to Absent.",
-	UnloadBackOff: "The last unload failed (for example the module is in use). After the back-off it " +
-		"retries. A reboot unloads everything, so the pair becomes Absent; a spec entry equal to the " +
-		"loaded config again returns it to Loaded.",
+	UnloadBackOff: "The last unload failed (for example the module is in use), or its pod ran past the " +
+		"worker timeout. After the back-off it retries. A reboot unloads everything, so the pair becomes " +
+		"Absent; a spec entry equal to the loaded config again returns it to Loaded. An unload pod that " +
+		"timed out but succeeded after all (its deletion lost the race) ends the unload: Absent, or " +
+		"Upgrading during an ordered upgrade.",
 }
 
 // DOT returns the machine as Graphviz DOT, from stateless's ToGraph, with edges in a stable order.

@@ -270,11 +270,13 @@ func (f *Facts) failedPodOfLastAttempt() bool {
 	return f.Worker.Phase == PodFailed && f.Worker.Attempt == f.Status.Attempts-1
 }
 
-// lateSuccess says whether the load pod whose time-out the status counts last succeeded after all
-// (in this boot): the deletion of an overdue pod loses the race with its own success.
-func (f *Facts) lateSuccess() bool {
-	return f.Status.Reason == ReasonTimedOut && f.Worker.Phase == PodSucceeded && f.Worker.Action == ActionLoad &&
-		f.Worker.Attempt == f.Status.Attempts-1 && (f.Worker.Result.BootID == "" || f.Worker.Result.BootID == f.Node.BootID)
+// lateSuccess says whether the pod of action a whose time-out the status counts last succeeded
+// after all (a load in this boot; an unload in any: a reboot unloads too): the deletion of an
+// overdue pod loses the race with its own success.
+func (f *Facts) lateSuccess(a WorkerAction) bool {
+	thisBoot := f.Worker.Result.BootID == "" || f.Worker.Result.BootID == f.Node.BootID
+	return f.Status.Reason == ReasonTimedOut && f.Worker.Phase == PodSucceeded && f.Worker.Action == a &&
+		f.Worker.Attempt == f.Status.Attempts-1 && (a == ActionUnload || thisBoot)
 }
 
 // failureTerminal says whether the last failure cannot be retried with the same config.

@@ -183,6 +183,8 @@ func Configure(sm *stateless.StateMachine) {
 
 	sm.Configure(UnloadBackOff).
 		Permit(BackOffExpired, Unloading).
+		Permit(WorkerSucceeded, Upgrading, upgradeInProgress).
+		Permit(WorkerSucceeded, Absent, noUpgradeInProgress).
 		Permit(SpecRestored, Loaded).
 		Permit(NodeRebooted, Absent)
 

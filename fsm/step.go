@@ -115,7 +115,7 @@ func record(st *kmmv1beta1.NodeModuleStatus, t Trigger, to State, f *Facts) kmmv
 	switch {
 	case t == WorkerSucceeded && (from == Loading || from == LoadBackOff):
 		recordLoaded(st, f)
-	case t == WorkerSucceeded && from == Unloading:
+	case t == WorkerSucceeded && (from == Unloading || from == UnloadBackOff):
 		recordUnloaded(st, f)
 	case t == Adopted:
 		recordAdopted(st, f)

@@ -240,6 +240,23 @@ func TestStepWorkerOutcomes(t *testing.T) {
 		f.Worker = Worker{Phase: PodSucceeded, Action: ActionUnload, Entry: *e1}
 		check(t, f, want{removed: true})
 	})
+	// Found by the explorer (issue 19): the unload pod succeeds just as the reconcile that read it
+	// Running past the timeout records WorkerTimedOut (its deletion then fails: the pod changed).
+	// The spec comes back to the old config meanwhile. Nothing is loaded: the pair must not call
+	// itself Loaded, it must load again.
+	t.Run("unload pod timed out, then succeeded after all: the unload ends, even with the spec back", func(t *testing.T) {
+		st := loaded(UnloadBackOff, e1)
+		st.Reason, st.Attempts = ReasonTimedOut, 1
+		f := facts(e1, st, readyNode(k1))
+		f.Worker = Worker{Phase: PodSucceeded, Action: ActionUnload, Attempt: 0, Entry: *e1, EntryKnown: true}
+		r := check(t, f, want{state: Loading, delete: true})
+		if got := r.Fired[0]; got.From != UnloadBackOff || got.Trigger != string(WorkerSucceeded) || got.To != Absent {
+			t.Fatalf("first transition %+v, want UnloadBackOff --WorkerSucceeded--> Absent", got)
+		}
+		if r.Status.Config != nil || r.Status.Attempts != 0 {
+			t.Fatalf("status %+v: the unloaded config must be forgotten", r.Status)
+		}
+	})
 }
 
 // TestStepOrderedUpgrade follows seed 002 through the pair's states.
