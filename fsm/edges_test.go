@@ -43,8 +43,8 @@ func permittedEdges() map[Edge]bool {
 // guardFactCombinations returns facts covering every outcome of every guard.
 func guardFactCombinations() []*Facts {
 	var out []*Facts
-	for i := range 16 {
-		kernelMatch, dp, upgrade, loadedHere := i&1 != 0, i&2 != 0, i&4 != 0, i&8 != 0
+	for i := range 32 {
+		kernelMatch, dp, upgrade, loadedHere, upstreamRecord := i&1 != 0, i&2 != 0, i&4 != 0, i&8 != 0, i&16 != 0
 		f := &Facts{Spec: &kmmv1beta1.NodeModuleSpec{Config: kmmv1beta1.ModuleConfig{KernelVersion: "k"}}, DevicePluginRunning: dp}
 		f.Node.KernelVersion = "other"
 		if kernelMatch {
@@ -55,6 +55,11 @@ func guardFactCombinations() []*Facts {
 		}
 		if loadedHere {
 			f.Status.Config = &kmmv1beta1.ModuleConfig{KernelVersion: f.Node.KernelVersion}
+		}
+		if upstreamRecord {
+			// A record upstream KMM left (adopt.go), of what the spec loads, in the node's boot.
+			cfg := f.Spec.Config
+			f.Status.Config, f.Status.BootID, f.Node.BootID, f.foreign = &cfg, "b", "b", true
 		}
 		out = append(out, f)
 	}

@@ -2,47 +2,68 @@ package fsm
 
 import (
 	"fmt"
+	"hash/maphash"
 	"maps"
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"pgregory.net/rapid"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/internal/semantic"
 	"github.com/kmm-project/kmm/upgrade"
 )
 
 // This file is a model of the cluster: nodes with a kernel that really has modules loaded or not,
-// Modules, NMCs, worker pods, device plugin pods and the controllers, driven by the real decision
-// code (DecideSpec, Step, upgrade.NextLabels) and the real state machine. rapid drives it through
-// random interleavings of events and checks the invariants of SPEC §4 after every step.
+// Modules, NMCs, worker pods, device plugin pods, workload pods an upgrade drains, and the
+// controllers, driven by the real decision code (DecideSpec, Step, upgrade.NextLabels) and the real
+// state machine. Two drivers share it and its actions (actions_test.go): rapid samples random
+// interleavings (property_test.go), the explorer walks every interleaving of a small world up to a
+// depth (explore_test.go). The invariants of SPEC §4 are checked after every step.
 
 const (
 	kernelA     = "6.1.0-56-cloud-amd64"
 	kernelB     = "6.1.0-57-cloud-amd64"
 	kernelNoMap = "4.18.0-1.el8.x86_64" // no kernel mapping matches it
 	modPlain    = "ns/plain"            // no version; has a device plugin
-	modVersion  = "ns/versioned"        // ordered upgrades; has a device plugin
-	writerSpec  = "module-nmc"
-	writerNMC   = "nmc"
+	modVersion  = "ns/versioned"        // ordered upgrades; has a device plugin; may drain and roll out by itself
+
+	// The versioned Module's drain (upgradePolicy.drain): PDB-protected pods are deleted after
+	// drainForceAfter, the others after drainDeleteAfter, when finalizers of stuck pods are stripped too.
+	drainDeleteAfter = 60
+	drainForceAfter  = 120
 )
 
-var (
-	modelNodes   = []string{"n0", "n1", "n2"}
-	modelModules = []string{modPlain, modVersion}
-	modelKernels = []string{kernelA, kernelB, kernelNoMap}
-)
+// worldConfig is the size and the policies of a model world.
+type worldConfig struct {
+	name    string
+	nodes   []string
+	modules []string
+	kernels []string
+	// drain gives the versioned Module an upgradePolicy.drain and every node a workload pod it drains.
+	drain bool
+	// automatic lets the rollout move the version-module labels (upgradePolicy.automatic,
+	// maxUnavailable); the user then never sets them.
+	automatic      bool
+	maxUnavailable int
+	// history is how many distinct cache contents a stale reconcile may act on, the current one included.
+	history int
+}
 
-// visitedEdges counts the transitions the model made, so that the property test can show (and
-// require) that its interleavings reach every state.
-var visitedEdges = map[Edge]int{}
+// rapidConfig is the world rapid samples: three nodes, both Modules, the versioned one draining,
+// with an automatic rollout or with labels the user sets.
+func rapidConfig(automatic bool) worldConfig {
+	return worldConfig{name: "rapid", nodes: []string{"n0", "n1", "n2"}, modules: []string{modPlain, modVersion},
+		kernels: []string{kernelA, kernelB, kernelNoMap}, drain: true, automatic: automatic, maxUnavailable: 1, history: 4}
+}
 
 // faults are deliberately broken variants of the controllers; the seeded-fault tests check that
-// the property test catches each one.
+// the property test and the explorer catch each one.
 type faults struct {
 	nmcIgnoresReady           bool // the NMC decision treats every node as Ready
 	specReadsNodeStatus       bool // the Module→NMC decision drops entries of NotReady nodes
@@ -50,6 +71,11 @@ type faults struct {
 	ignoresReboots            bool // the NMC decision never sees a new boot ID or Ready time
 	failedEntryUnread         bool // a failed pod's config reads as empty yet known (the retry storm of issue 13)
 	noWorkerTimeout           bool // worker pods never time out
+	flatBackOff               bool // the back-off does not grow with the failures (10 s every time)
+	podGenerateName           bool // worker pods get generated names, so the API server no longer keeps one per pair
+	logSkipsTransition        bool // the status write drops the newest entry of the transition log
+	cordonForgotten           bool // the drain's record does not remember that kmm cordoned the node
+	rolloutIgnoresInProgress  bool // the rollout does not count nodes it started and that are not done
 }
 
 type simNode struct {
@@ -74,6 +100,8 @@ type simModule struct {
 // brokenImageTag marks an image the model's worker refuses as an invalid config.
 const brokenImageTag = "-broken"
 
+// simNMC is one node's NMC. It is never changed in place (writeNMC makes a copy to change), so
+// snapshots and clones of the world share it.
 type simNMC struct {
 	spec   map[string]kmmv1beta1.NodeModuleSpec
 	status map[string]kmmv1beta1.NodeModuleStatus
@@ -81,6 +109,7 @@ type simNMC struct {
 }
 
 type simPod struct {
+	name    string
 	uid     int
 	node    string
 	module  string
@@ -93,6 +122,13 @@ type simPod struct {
 	hung    bool // never finishes by itself (a stalled registry, a wedged kubelet)
 }
 
+// simWorkload is the workload pod on a node that the versioned Module's drain selects.
+type simWorkload struct {
+	pdb         bool // a PodDisruptionBudget protects it: the Eviction API refuses to evict it
+	finalizer   bool // it has a finalizer: deleted, it stays Terminating until the finalizer goes
+	terminating bool
+}
+
 // attemptRecord is what the back-off property remembers of a pair's last worker pod.
 type attemptRecord struct {
 	action WorkerAction
@@ -101,13 +137,14 @@ type attemptRecord struct {
 	streak int32     // consecutive failures of this config
 }
 
-// snapshot is what a controller's cache held at some moment.
+// snapshot is what a controller's cache held at some moment. Snapshots are never changed.
 type snapshot struct {
 	nmcs map[string]simNMC
 	pods map[string]simPod
 }
 
 type world struct {
+	cfg        *worldConfig
 	faults     faults
 	now        time.Time
 	nodes      map[string]*simNode
@@ -115,32 +152,90 @@ type world struct {
 	nmcs       map[string]*simNMC
 	pods       map[string]*simPod // worker pods by name
 	dpPods     map[string]bool    // device plugin pods by node/module
-	history    []snapshot
-	conflict   bool
+	history    []*snapshot        // distinct cache contents, oldest first; the last is the current one
+	conflict   bool               // the API server refuses the next NMC status write
+	refuse     bool               // the API server refuses the next worker pod
+	refuseNode bool               // the API server refuses the next cordon or uncordon
 	nextUID    int
 	violations []string
-	reconciles int
 	attempts   map[string]*attemptRecord // by node/module
-	refuse     bool                      // the API server refuses the next worker pod
 	refused    map[string]CreateRefusal  // refused pods by node/module, as the reconciler remembers them
+	workloads  map[string]*simWorkload   // by node
+	kmmCordon  map[string]string         // nodes whose cordon kmm made, with the pair's module
+	fired      []Edge                    // transitions made since the driver last looked
 }
 
-func newWorld(f faults) *world {
-	w := &world{faults: f, now: t0, nodes: map[string]*simNode{}, modules: map[string]*simModule{},
-		nmcs: map[string]*simNMC{}, pods: map[string]*simPod{}, dpPods: map[string]bool{}, attempts: map[string]*attemptRecord{}, refused: map[string]CreateRefusal{}}
-	for _, n := range modelNodes {
+func newWorld(cfg *worldConfig, f faults) *world {
+	w := &world{cfg: cfg, faults: f, now: t0, nodes: map[string]*simNode{}, modules: map[string]*simModule{},
+		nmcs: map[string]*simNMC{}, pods: map[string]*simPod{}, dpPods: map[string]bool{}, attempts: map[string]*attemptRecord{},
+		refused: map[string]CreateRefusal{}, workloads: map[string]*simWorkload{}, kmmCordon: map[string]string{}}
+	for i, n := range cfg.nodes {
 		w.nodes[n] = &simNode{labels: map[string]string{"role": "worker"}, ready: true, kernel: kernelA, boot: 1,
 			readySince: t0.Add(-time.Hour), loaded: map[string]kmmv1beta1.ModuleConfig{}}
 		w.nmcs[n] = &simNMC{spec: map[string]kmmv1beta1.NodeModuleSpec{}, status: map[string]kmmv1beta1.NodeModuleStatus{}}
+		if cfg.drain {
+			// The first node's workload is protected by a PodDisruptionBudget and has a finalizer,
+			// so that its drain runs every strategy; the others are evicted at once.
+			w.workloads[n] = &simWorkload{pdb: i == 0, finalizer: i == 0}
+		}
 	}
-	w.modules[modPlain] = &simModule{exists: true, gen: 1}
-	w.modules[modVersion] = &simModule{exists: true, gen: 1, version: "v1"}
-	ns, name := splitKey(modVersion)
-	for _, sn := range w.nodes {
-		sn.labels[kmmv1beta1.ModuleVersionLabel(ns, name)] = "v1"
+	for _, key := range cfg.modules {
+		w.modules[key] = &simModule{exists: true, gen: 1}
+	}
+	if sm := w.modules[modVersion]; sm != nil {
+		sm.version = "v1"
+		ns, name := splitKey(modVersion)
+		for _, sn := range w.nodes {
+			sn.labels[kmmv1beta1.ModuleVersionLabel(ns, name)] = "v1"
+		}
 	}
 	w.remember()
 	return w
+}
+
+// has says whether the world has the Module.
+func (w *world) has(key string) bool { return w.modules[key] != nil }
+
+// clone returns a copy of the world that shares nothing it changes.
+func (w *world) clone() *world {
+	c := *w
+	c.nodes = make(map[string]*simNode, len(w.nodes))
+	for n, sn := range w.nodes {
+		cp := *sn
+		cp.labels, cp.loaded = maps.Clone(sn.labels), maps.Clone(sn.loaded)
+		c.nodes[n] = &cp
+	}
+	c.modules = make(map[string]*simModule, len(w.modules))
+	for k, sm := range w.modules {
+		cp := *sm
+		c.modules[k] = &cp
+	}
+	c.nmcs = make(map[string]*simNMC, len(w.nmcs))
+	for n, nmc := range w.nmcs {
+		c.nmcs[n] = nmc // never changed in place (writeNMC)
+	}
+	c.pods = make(map[string]*simPod, len(w.pods))
+	for name, p := range w.pods {
+		cp := *p
+		c.pods[name] = &cp
+	}
+	c.dpPods = maps.Clone(w.dpPods)
+	c.history = slices.Clone(w.history)
+	c.violations = slices.Clone(w.violations)
+	c.attempts = make(map[string]*attemptRecord, len(w.attempts))
+	for k, r := range w.attempts {
+		cp := *r
+		c.attempts[k] = &cp
+	}
+	c.refused = maps.Clone(w.refused)
+	c.workloads = make(map[string]*simWorkload, len(w.workloads))
+	for n, wl := range w.workloads {
+		cp := *wl
+		c.workloads[n] = &cp
+	}
+	c.kmmCordon = maps.Clone(w.kmmCordon)
+	c.fired = nil
+	return &c
 }
 
 func (w *world) violate(format string, args ...any) {
@@ -148,18 +243,41 @@ func (w *world) violate(format string, args ...any) {
 }
 
 // remember records what the caches hold now, for controllers that act on a stale snapshot later.
+// Only distinct contents are kept: a stale cache shows one of the last few that differed.
 func (w *world) remember() {
-	s := snapshot{nmcs: map[string]simNMC{}, pods: map[string]simPod{}}
+	if n := len(w.history); n > 0 && w.cacheShows(w.history[n-1]) {
+		return
+	}
+	s := &snapshot{nmcs: map[string]simNMC{}, pods: map[string]simPod{}}
 	for n, nmc := range w.nmcs {
-		s.nmcs[n] = simNMC{spec: maps.Clone(nmc.spec), status: maps.Clone(nmc.status), rv: nmc.rv}
+		s.nmcs[n] = *nmc // never changed in place (writeNMC)
 	}
 	for name, p := range w.pods {
 		s.pods[name] = *p
 	}
 	w.history = append(w.history, s)
-	if len(w.history) > 4 {
-		w.history = w.history[1:]
+	if len(w.history) > w.cfg.history {
+		w.history = w.history[len(w.history)-w.cfg.history:]
 	}
+}
+
+// cacheShows says whether the snapshot holds what the API server holds now (NMCs by
+// resourceVersion, worker pods by UID and phase).
+func (w *world) cacheShows(s *snapshot) bool {
+	for n, nmc := range w.nmcs {
+		if s.nmcs[n].rv != nmc.rv {
+			return false
+		}
+	}
+	if len(s.pods) != len(w.pods) {
+		return false
+	}
+	for name, p := range w.pods {
+		if sp, ok := s.pods[name]; !ok || sp.uid != p.uid || sp.phase != p.phase {
+			return false
+		}
+	}
+	return true
 }
 
 // moduleObject is the Module API object for a simulated Module.
@@ -174,7 +292,7 @@ func (w *world) moduleObject(key string) *kmmv1beta1.Module {
 	case "operator":
 		firmware = "/"
 	}
-	return &kmmv1beta1.Module{
+	m := &kmmv1beta1.Module{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: kmmv1beta1.ModuleSpec{
 			Selector: map[string]string{"role": "worker"},
@@ -187,69 +305,130 @@ func (w *world) moduleObject(key string) *kmmv1beta1.Module {
 			DevicePlugin: &kmmv1beta1.DevicePluginSpec{Container: kmmv1beta1.DevicePluginContainerSpec{Image: "reg.example.com/dp:1"}},
 		},
 	}
+	if key == modVersion && (w.cfg.drain || w.cfg.automatic) {
+		up := &kmmv1beta1.UpgradePolicy{Automatic: w.cfg.automatic, Drain: w.drainPolicy()}
+		if w.cfg.automatic {
+			mu := intstr.FromInt32(int32(w.cfg.maxUnavailable))
+			up.MaxUnavailable = &mu
+		}
+		m.Spec.UpgradePolicy = up
+	}
+	return m
+}
+
+// drainPolicy is the versioned Module's upgradePolicy.drain (nil without one).
+func (w *world) drainPolicy() *kmmv1beta1.DrainSpec {
+	if !w.cfg.drain {
+		return nil
+	}
+	return &kmmv1beta1.DrainSpec{TimeoutSeconds: drainDeleteAfter, PDBForceDrainTimeoutSeconds: drainForceAfter}
 }
 
 func splitKey(key string) (string, string) {
-	for i := range key {
-		if key[i] == '/' {
-			return key[:i], key[i+1:]
-		}
-	}
-	return "", key
+	ns, name, _ := strings.Cut(key, "/")
+	return ns, name
 }
 
 func podName(node, module string) string { return "kmm-worker-" + node + "-" + module }
 
 func (w *world) nodeView(n string) NodeView {
 	sn := w.nodes[n]
-	return NodeView{Name: n, Labels: maps.Clone(sn.labels), KernelVersion: sn.kernel, Ready: sn.ready,
+	return NodeView{Name: n, Labels: sn.labels, KernelVersion: sn.kernel, Ready: sn.ready,
 		Unschedulable: sn.cordoned, BootID: fmt.Sprint(sn.boot)}
 }
 
-// decideSpec is the Module→NMC decision, or its seeded fault.
-func (w *world) decideSpec(m *kmmv1beta1.Module, v NodeView) SpecDecision {
+// decideSpec is the Module→NMC decision for the Module key on the node v, or its seeded fault.
+func (w *world) decideSpec(key string, v NodeView) SpecDecision {
 	if w.faults.specReadsNodeStatus && !v.Ready {
 		return SpecDecision{Action: SpecDelete, Reason: "NodeNotReady"}
 	}
-	return DecideSpec(m, v)
+	return w.cachedDecideSpec(key, v)
 }
 
-// reconcileModule is the Module→NMC controller for one Module on every node.
+// specDecisions remembers DecideSpec's answers by everything it is given (it is a pure function):
+// the explorer asks the same questions in many states.
+var specDecisions sync.Map
+
+// specQuestion is everything DecideSpec is given: the simulated Module and the whole NodeView (the
+// labels by two independent hashes of their set).
+type specQuestion struct {
+	key, version, broken, node, kernel, boot string
+	gen, maxUnavailable                      int
+	ready, unschedulable, drain, automatic   bool
+	labels                                   [2]uint64
+	faulty                                   bool // asked by a world with the seeded fault specReadsNodeStatus
+}
+
+var labelSeeds = [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}
+
+// specStatusBlind holds the questions for which invariant 1 was checked and held.
+var specStatusBlind sync.Map
+
+func (w *world) specQuestion(key string, v NodeView) specQuestion {
+	sm := w.modules[key]
+	q := specQuestion{key: key, version: sm.version, broken: sm.broken, node: v.Name, kernel: v.KernelVersion, boot: v.BootID,
+		gen: sm.gen, ready: v.Ready, unschedulable: v.Unschedulable, drain: w.cfg.drain, automatic: w.cfg.automatic, maxUnavailable: w.cfg.maxUnavailable}
+	for k, val := range v.Labels {
+		for i, seed := range labelSeeds {
+			q.labels[i] += maphash.String(seed, k)*0x9e3779b97f4a7c15 ^ maphash.String(seed, val)
+		}
+	}
+	q.faulty = w.faults.specReadsNodeStatus
+	return q
+}
+
+func (w *world) cachedDecideSpec(key string, v NodeView) SpecDecision {
+	q := w.specQuestion(key, v)
+	if d, ok := specDecisions.Load(q); ok {
+		return d.(SpecDecision)
+	}
+	d := DecideSpec(w.moduleObject(key), v)
+	specDecisions.Store(q, d)
+	return d
+}
+
+// reconcileModule is the Module→NMC controller for one Module on every node. It writes only the
+// NMC spec (invariant 2 is checked where it is enforced, by the API server's field managers: see
+// the envtest suite of package controllers).
 func (w *world) reconcileModule(key string) {
-	w.reconciles++
-	for _, n := range modelNodes {
+	for _, n := range w.cfg.nodes {
 		d := SpecDecision{Action: SpecDelete}
 		if w.modules[key].exists {
-			d = w.decideSpec(w.moduleObject(key), w.nodeView(n))
+			d = w.decideSpec(key, w.nodeView(n))
 		}
-		w.writeSpec(writerSpec, n, key, d)
+		w.writeSpec(n, key, d)
 	}
 }
 
-func (w *world) writeSpec(writer, node, key string, d SpecDecision) {
-	if writer != writerSpec {
-		w.violate("%s wrote the NMC spec of %s", writer, node)
-	}
+// writeNMC replaces the node's NMC by a copy with a new resourceVersion and its own spec map, to
+// change: NMCs are shared by the clones of a world and by the snapshots of its caches.
+func (w *world) writeNMC(node string) *simNMC {
+	old := w.nmcs[node]
+	next := &simNMC{spec: maps.Clone(old.spec), status: old.status, rv: old.rv + 1}
+	w.nmcs[node] = next
+	return next
+}
+
+func (w *world) writeSpec(node, key string, d SpecDecision) {
 	nmc := w.nmcs[node]
 	switch d.Action {
 	case SpecUpdate:
-		if old, ok := nmc.spec[key]; !ok || !equality.Semantic.DeepEqual(old, *d.Entry) {
-			nmc.spec[key] = *d.Entry
-			nmc.rv++
+		if old, ok := nmc.spec[key]; !ok || !semantic.Equal(&old, d.Entry) {
+			next := w.writeNMC(node)
+			next.spec[key] = *d.Entry
 			delete(w.attempts, node+"/"+key) // a new spec: the back-off property starts afresh
 		}
 	case SpecDelete:
 		if _, ok := nmc.spec[key]; ok {
-			delete(nmc.spec, key)
-			nmc.rv++
+			delete(w.writeNMC(node).spec, key)
 			delete(w.attempts, node+"/"+key)
 		}
 	}
 }
 
-// reconcileNMC is the NMC controller for one node, acting on the snapshot taken age steps ago.
+// reconcileNMC is the NMC controller for one node, acting on the cache content age distinct
+// contents back (0: the current one).
 func (w *world) reconcileNMC(node string, age int) {
-	w.reconciles++
 	snap := w.history[max(len(w.history)-1-age, 0)]
 	nmc := snap.nmcs[node]
 	keys := map[string]bool{}
@@ -268,8 +447,9 @@ func (w *world) reconcileNMC(node string, age int) {
 	plans := map[string]Plan{}
 	for _, key := range slices.Sorted(maps.Keys(keys)) {
 		r := Step(w.facts(node, key, nmc, snap))
+		w.applyResultFaults(&r)
 		for _, tr := range r.Fired {
-			visitedEdges[Edge{From: tr.From, Trigger: Trigger(tr.Trigger), To: tr.To}]++
+			w.fired = append(w.fired, Edge{From: tr.From, Trigger: Trigger(tr.Trigger), To: tr.To})
 		}
 		if r.Err != nil {
 			w.violate("unpermitted trigger for %s/%s: %v", node, key, r.Err)
@@ -279,21 +459,58 @@ func (w *world) reconcileNMC(node string, age int) {
 		}
 		plans[key] = r.Plan
 	}
-	if !w.writeStatus(writerNMC, node, nmc.rv, nmc.status, newStatus, plans) {
+	if !w.writeStatus(node, nmc.rv, nmc.status, newStatus, plans) {
 		return
 	}
+	nodeRefused := false
 	for _, key := range slices.Sorted(maps.Keys(plans)) {
-		w.execute(node, key, plans[key], snap)
+		nodeRefused = w.execute(node, key, plans[key], snap) || nodeRefused
+	}
+	if age == 0 && !nodeRefused {
+		w.checkCordonLifted(node, newStatus)
 	}
 }
 
-func (w *world) facts(node, key string, nmc simNMC, snap snapshot) Facts {
+// applyResultFaults breaks what the NMC decision returned, for the seeded faults that sit there.
+func (w *world) applyResultFaults(r *Result) {
+	if r.Status == nil {
+		return
+	}
+	if w.faults.logSkipsTransition && len(r.Fired) > 0 {
+		r.Status.Transitions = r.Status.Transitions[:len(r.Status.Transitions)-1]
+	}
+	if w.faults.cordonForgotten && r.Status.Drain != nil && r.Status.Drain.CordonedByKMM {
+		d := *r.Status.Drain
+		d.CordonedByKMM = false
+		r.Status.Drain = &d
+	}
+}
+
+// checkCordonLifted is the drain property that every cordon kmm made is lifted once its pair is
+// Loaded or gone: after a reconcile of the node on fresh data whose node patches went through, a
+// cordon of kmm's may stay only for a pair that is still on its way.
+func (w *world) checkCordonLifted(node string, status map[string]kmmv1beta1.NodeModuleStatus) {
+	key, ok := w.kmmCordon[node]
+	if !ok {
+		return
+	}
+	if st, ok := status[key]; !ok || st.State == Loaded || st.State == Absent {
+		w.violate("drain: kmm's cordon of %s stays after a reconcile though %s is %s", node, key, orGone(st.State))
+	}
+}
+
+func orGone(s State) string {
+	if s == "" {
+		return "gone"
+	}
+	return string(s)
+}
+
+func (w *world) facts(node, key string, nmc simNMC, snap *snapshot) Facts {
 	sn := w.nodes[node]
 	ns, name := splitKey(key)
 	f := Facts{Now: w.now, BackOff: DefaultBackOff, Status: kmmv1beta1.NodeModuleStatus{Namespace: ns, Name: name}}
-	if w.faults.noWorkerTimeout {
-		f.WorkerTimeout = 1000 * time.Hour
-	}
+	f.WorkerTimeout, f.BackOff = w.workerTimeout(), w.backOff()
 	if e, ok := nmc.spec[key]; ok {
 		f.Spec = &e
 	}
@@ -306,18 +523,75 @@ func (w *world) facts(node, key string, nmc simNMC, snap snapshot) Facts {
 		f.Node.UpgradeTarget = sn.labels[kmmv1beta1.ModuleVersionLabel(ns, name)]
 	}
 	f.Node.WorkerPodVersion = sn.labels[kmmv1beta1.WorkerPodVersionLabel(ns, name)]
-	if p, ok := snap.pods[podName(node, name)]; ok {
+	if p := podOf(snap, node, key); p != nil {
 		f.Worker = Worker{Phase: p.phase, Action: p.action, Attempt: p.attempt, Entry: p.entry, EntryKnown: true, Result: p.result, Created: p.created}
 		if w.faults.failedEntryUnread && p.phase == PodFailed {
 			f.Worker.Entry = kmmv1beta1.NodeModuleSpec{}
 		}
 	}
+	f.SpecWrittenByKMM = f.Spec != nil // the model's spec entries are all kmm's; no upstream worker pods
 	f.DevicePluginRunning = w.dpPods[node+"/"+key]
 	if r, ok := w.refused[node+"/"+key]; ok {
 		f.CreateRefused = &r
 	}
 	w.applyNMCFaults(&f)
+	w.drainFacts(node, key, &f)
 	return f
+}
+
+// workerTimeout is the worker timeout the NMC controller uses, or its seeded fault.
+func (w *world) workerTimeout() time.Duration {
+	if w.faults.noWorkerTimeout {
+		return 1000 * time.Hour
+	}
+	return DefaultWorkerTimeout
+}
+
+// backOff is the back-off the NMC controller uses, or its seeded fault.
+func (w *world) backOff() BackOff {
+	if w.faults.flatBackOff {
+		return BackOff{Base: DefaultBackOff.Base, Max: DefaultBackOff.Base}
+	}
+	return DefaultBackOff
+}
+
+// podOf is the pair's worker pod in the snapshot: the newest when a seeded fault made several.
+func podOf(snap *snapshot, node, key string) *simPod {
+	var out *simPod
+	for _, p := range snap.pods {
+		if p.node == node && p.module == key && (out == nil || p.uid > out.uid) {
+			cp := p
+			out = &cp
+		}
+	}
+	return out
+}
+
+// livePod is the pair's worker pod as it is now, nil when none.
+func (w *world) livePod(node, key string) *simPod {
+	var out *simPod
+	for _, p := range w.pods {
+		if p.node == node && p.module == key && (out == nil || p.uid > out.uid) {
+			out = p
+		}
+	}
+	return out
+}
+
+// drainFacts are the drain facts the reconciler gathers: the policy of a Module that exists, the
+// node's cordon, and the workload pods, read only while the pair may drain.
+func (w *world) drainFacts(node, key string, f *Facts) {
+	if key != modVersion || !w.modules[key].exists {
+		return
+	}
+	f.Drain = DrainFacts{Policy: w.drainPolicy(), NodeCordoned: w.nodes[node].cordoned}
+	if f.Drain.Policy == nil || !f.MayDrain() {
+		return
+	}
+	if wl := w.workloads[node]; wl != nil {
+		f.Drain.Pods = []WorkloadPod{{Namespace: "app", Name: "workload-" + node, UID: "workload-" + node,
+			PDBProtected: wl.pdb, Terminating: wl.terminating, Finalizers: wl.finalizer}}
+	}
 }
 
 func (w *world) applyNMCFaults(f *Facts) {
@@ -335,15 +609,12 @@ func (w *world) applyNMCFaults(f *Facts) {
 
 // writeStatus writes the NMC status with optimistic concurrency. A pod is only created after a
 // successful write (a no-op write still checks the resourceVersion), so a stale snapshot never acts.
-func (w *world) writeStatus(writer, node string, rv int, old, next map[string]kmmv1beta1.NodeModuleStatus, plans map[string]Plan) bool {
-	if writer != writerNMC {
-		w.violate("%s wrote the NMC status of %s", writer, node)
-	}
+func (w *world) writeStatus(node string, rv int, old, next map[string]kmmv1beta1.NodeModuleStatus, plans map[string]Plan) bool {
 	creates := false
 	for _, p := range plans {
 		creates = creates || p.CreateWorker != nil
 	}
-	changed := !equality.Semantic.DeepEqual(old, next)
+	changed := !semantic.Equal(&old, &next)
 	if !changed && !creates {
 		return true
 	}
@@ -353,35 +624,86 @@ func (w *world) writeStatus(writer, node string, rv int, old, next map[string]km
 		return false
 	}
 	if changed {
-		nmc.status = next
-		nmc.rv++
+		w.writeNMC(node).status = next
 	}
 	return true
 }
 
-// execute carries out a pair's plan: node labels, finished-pod deletion, pod creation.
-func (w *world) execute(node, key string, p Plan, snap snapshot) {
+// execute carries out a pair's plan: node labels, the drain, finished-pod deletion, pod creation.
+// It says whether the API server refused a cordon or an uncordon.
+func (w *world) execute(node, key string, p Plan, snap *snapshot) bool {
 	sn := w.nodes[node]
 	ns, name := splitKey(key)
 	setLabel(sn.labels, kmmv1beta1.ReadyLabel(ns, name), "", p.Ready)
 	setLabel(sn.labels, kmmv1beta1.VersionReadyLabel(ns, name), p.VersionReady, p.VersionReady != "")
-	pn := podName(node, name)
+	nodeRefused := w.executeDrain(node, key, p)
 	if p.DeleteWorker {
-		if seen, ok := snap.pods[pn]; ok {
-			if cur, ok := w.pods[pn]; ok && cur.uid == seen.uid {
+		if seen := podOf(snap, node, key); seen != nil {
+			if cur, ok := w.pods[seen.name]; ok && cur.uid == seen.uid {
 				if seen.phase == PodRunning && cur.phase != PodRunning {
-					return // the overdue pod finished since: the resourceVersion precondition fails
+					return nodeRefused // the overdue pod finished since: the resourceVersion precondition fails
 				}
 				if cur.phase == PodRunning {
 					w.killPod(cur) // an overdue pod: the kubelet stops it before its worker acted
 				}
-				delete(w.pods, pn) // delete with a UID precondition
+				delete(w.pods, seen.name) // delete with a UID precondition
 			}
 		}
 	}
 	if p.CreateWorker != nil {
+		pn := podName(node, name)
+		if w.faults.podGenerateName {
+			pn += fmt.Sprintf("-%d", w.nextUID+1)
+		}
 		w.createPod(node, key, pn, p.CreateWorker)
 	}
+	return nodeRefused
+}
+
+// executeDrain carries out a pair's drain plan as the API server and the kubelet answer it: a
+// PodDisruptionBudget refuses the eviction of the pod it protects, a deleted pod with a finalizer
+// stays Terminating until the finalizer is stripped. It says whether a node patch was refused.
+func (w *world) executeDrain(node, key string, p Plan) bool {
+	if p.Uncordon {
+		return !w.patchCordon(node, key, false)
+	}
+	d := p.Drain
+	if d == nil {
+		return false
+	}
+	refused := d.Cordon && !w.patchCordon(node, key, true)
+	wl := w.workloads[node]
+	if wl == nil {
+		return refused
+	}
+	switch {
+	case len(d.StripFinalizers) > 0 && wl.terminating:
+		delete(w.workloads, node)
+	case len(d.Delete) > 0 && wl.finalizer:
+		wl.terminating = true
+	case len(d.Delete) > 0, len(d.Evict) > 0 && !wl.pdb:
+		delete(w.workloads, node)
+	}
+	return refused
+}
+
+// patchCordon sets the node's spec.unschedulable for kmm, unless the API server refuses it.
+func (w *world) patchCordon(node, key string, cordon bool) bool {
+	sn := w.nodes[node]
+	if sn.cordoned == cordon {
+		return true
+	}
+	if w.refuseNode {
+		w.refuseNode = false
+		return false
+	}
+	sn.cordoned = cordon
+	if cordon {
+		w.kmmCordon[node] = key
+	} else {
+		delete(w.kmmCordon, node)
+	}
+	return true
 }
 
 func setLabel(labels map[string]string, key, value string, present bool) {
@@ -418,7 +740,7 @@ func (w *world) createPod(node, key, name string, in *WorkerIntent) {
 	delete(w.refused, node+"/"+key)
 	w.checkBackOff(node, key, in)
 	w.nextUID++
-	w.pods[name] = &simPod{uid: w.nextUID, node: node, module: key, action: in.Action, attempt: in.Attempt,
+	w.pods[name] = &simPod{name: name, uid: w.nextUID, node: node, module: key, action: in.Action, attempt: in.Attempt,
 		entry: *in.Entry.DeepCopy(), phase: PodRunning, created: w.now}
 }
 
@@ -489,6 +811,9 @@ func (w *world) finishPod(p *simPod, succeed bool) {
 
 // reconcileLabels is the version label controller of package upgrade for the versioned Module.
 func (w *world) reconcileLabels(node string) {
+	if !w.has(modVersion) {
+		return
+	}
 	sn := w.nodes[node]
 	ns, name := splitKey(modVersion)
 	st := w.nmcs[node].status[modVersion]
@@ -503,11 +828,45 @@ func (w *world) reconcileLabels(node string) {
 	setLabel(sn.labels, kmmv1beta1.DevicePluginVersionLabel(ns, name), out.DevicePlugin, out.DevicePlugin != "")
 }
 
+// reconcileRollout plays the automatic rollout by its documented rule (docs/api.md): nodes in name
+// order get the version-module label of the Module's version while at most maxUnavailable nodes are
+// upgrading, cordoned or NotReady; a cordoned or NotReady node never starts. (Package upgrade's own
+// simulation checks its planner against the same rule; here it is the actor that makes the drains
+// of several nodes overlap or not.)
+func (w *world) reconcileRollout() {
+	sm := w.modules[modVersion]
+	if !w.cfg.automatic || sm == nil || !sm.exists {
+		return
+	}
+	ns, name := splitKey(modVersion)
+	key := kmmv1beta1.ModuleVersionLabel(ns, name)
+	unavailable := 0
+	var candidates []string
+	for _, n := range w.cfg.nodes {
+		sn, st := w.nodes[n], w.nmcs[n].status[modVersion]
+		label, labelled := sn.labels[key]
+		done := labelled && label == sm.version && st.State == Loaded && st.Config != nil && st.Config.Version == sm.version
+		switch {
+		case labelled && label == sm.version && !done:
+			if !w.faults.rolloutIgnoresInProgress {
+				unavailable++
+			}
+		case !sn.ready || sn.cordoned:
+			unavailable++
+		case !done:
+			candidates = append(candidates, n)
+		}
+	}
+	for _, n := range candidates[:min(max(w.cfg.maxUnavailable-unavailable, 0), len(candidates))] {
+		w.nodes[n].labels[key] = sm.version
+	}
+}
+
 // reconcileDaemonSets plays the DaemonSet controller: a device plugin pod runs where the node has
 // the ready label (and, for a versioned Module, a version-device-plugin label).
 func (w *world) reconcileDaemonSets(node string) {
 	sn := w.nodes[node]
-	for _, key := range modelModules {
+	for _, key := range w.cfg.modules {
 		ns, name := splitKey(key)
 		want := w.modules[key].exists && hasLabel(sn.labels, kmmv1beta1.ReadyLabel(ns, name))
 		if key == modVersion {
@@ -526,6 +885,20 @@ func hasLabel(labels map[string]string, key string) bool {
 	return ok
 }
 
+// catchUp runs every controller once on every node, as happens when events settle.
+func (w *world) catchUp() {
+	for _, key := range w.cfg.modules {
+		w.reconcileModule(key)
+	}
+	w.reconcileRollout()
+	for _, n := range w.cfg.nodes {
+		w.reconcileLabels(n)
+		w.remember()
+		w.reconcileNMC(n, 0)
+		w.reconcileDaemonSets(n)
+	}
+}
+
 func (w *world) reboot(node string) {
 	sn := w.nodes[node]
 	sn.boot++
@@ -541,7 +914,7 @@ func (w *world) reboot(node string) {
 			delete(w.attempts, pair) // a reboot starts afresh
 		}
 	}
-	for _, key := range modelModules {
+	for _, key := range w.cfg.modules {
 		delete(w.dpPods, node+"/"+key)
 	}
 }
@@ -556,30 +929,38 @@ func (w *world) check() {
 			w.violate("invariant 6: unload pod of %s running on %s next to its device plugin pod", p.module, p.node)
 		}
 	}
-	for pair, n := range perPair {
-		if n > 1 {
+	for _, pair := range slices.Sorted(maps.Keys(perPair)) {
+		if n := perPair[pair]; n > 1 {
 			w.violate("invariant 3: %d worker pods for %s", n, pair)
 		}
 	}
-	for node, nmc := range w.nmcs {
-		for key, st := range nmc.status {
-			w.checkRecord(node, key, st)
+	for _, node := range w.cfg.nodes {
+		for _, key := range slices.Sorted(maps.Keys(w.nmcs[node].status)) {
+			w.checkRecord(node, key, w.nmcs[node].status[key])
 		}
+	}
+	if w.cfg.automatic && len(w.kmmCordon) > w.cfg.maxUnavailable {
+		w.violate("drain: %d nodes cordoned by kmm (%v), maxUnavailable is %d", len(w.kmmCordon), slices.Sorted(maps.Keys(w.kmmCordon)), w.cfg.maxUnavailable)
 	}
 }
 
 // checkSpecIgnoresNodeStatus is invariant 1: changing node status alone changes no decision.
 func (w *world) checkSpecIgnoresNodeStatus() {
-	for _, key := range modelModules {
+	for _, key := range w.cfg.modules {
 		if !w.modules[key].exists {
 			continue
 		}
-		m := w.moduleObject(key)
-		for _, n := range modelNodes {
+		for _, n := range w.cfg.nodes {
 			v := w.nodeView(n)
+			q := w.specQuestion(key, v)
+			if _, ok := specStatusBlind.Load(q); ok {
+				continue // asked and answered before
+			}
 			flipped := v
 			flipped.Ready, flipped.Unschedulable, flipped.BootID = !v.Ready, !v.Unschedulable, v.BootID+"x"
-			if a, b := w.decideSpec(m, v), w.decideSpec(m, flipped); !reflect.DeepEqual(a, b) {
+			if a, b := w.decideSpec(key, v), w.decideSpec(key, flipped); reflect.DeepEqual(a, b) {
+				specStatusBlind.Store(q, true)
+			} else {
 				w.violate("invariant 1: Module→NMC decision for %s on %s changed with node status: %v vs %v", key, n, a.Action, b.Action)
 			}
 		}
@@ -600,38 +981,57 @@ func (w *world) checkRecord(node, key string, st kmmv1beta1.NodeModuleStatus) {
 	}
 }
 
-// settle stops the events (nodes Ready and uncordoned, upgrades finished, pods succeed) and runs
-// every controller until nothing changes; it returns false if that takes more than maxRounds.
-func (w *world) settle(maxRounds int) bool {
-	w.conflict, w.refuse = false, false
-	for _, sn := range w.nodes {
+// stopEvents ends the events: the API server accepts everything, nodes are Ready, the user's
+// cordons are lifted (kmm's are kmm's to lift), and the version-module labels the user set ask for
+// the Module's version.
+func (w *world) stopEvents() {
+	w.conflict, w.refuse, w.refuseNode = false, false, false
+	ns, name := splitKey(modVersion)
+	for n, sn := range w.nodes {
 		if !sn.ready {
 			sn.ready, sn.readySince = true, w.now
 		}
-		sn.cordoned = false
-		ns, name := splitKey(modVersion)
-		if _, ok := sn.labels[kmmv1beta1.ModuleVersionLabel(ns, name)]; ok && w.modules[modVersion].exists {
+		if _, kmms := w.kmmCordon[n]; !kmms {
+			sn.cordoned = false
+		}
+		if _, ok := sn.labels[kmmv1beta1.ModuleVersionLabel(ns, name)]; ok && !w.cfg.automatic && w.has(modVersion) && w.modules[modVersion].exists {
 			sn.labels[kmmv1beta1.ModuleVersionLabel(ns, name)] = w.modules[modVersion].version
 		}
 	}
+}
+
+// settleRound lets ten minutes pass, the running pods that can finish succeed, and every
+// controller run once; it says whether anything changed.
+func (w *world) settleRound() bool {
+	before := w.fingerprint()
+	w.now = w.now.Add(10 * time.Minute)
+	for _, name := range slices.Sorted(maps.Keys(w.pods)) {
+		if p := w.pods[name]; p.phase == PodRunning && !p.hung {
+			w.finishPod(p, true)
+		}
+	}
+	for _, key := range w.cfg.modules {
+		w.reconcileModule(key)
+	}
+	w.reconcileRollout()
+	for _, n := range w.cfg.nodes {
+		w.reconcileLabels(n)
+		w.reconcileDaemonSets(n)
+		w.remember()
+		w.reconcileNMC(n, 0)
+	}
+	return w.fingerprint() != before
+}
+
+// maxSettleRounds bounds how many rounds of reconciles convergence may take (invariant 7).
+const maxSettleRounds = 30
+
+// settle stops the events and runs every controller until nothing changes; it returns false if
+// that takes more than maxRounds.
+func (w *world) settle(maxRounds int) bool {
+	w.stopEvents()
 	for range maxRounds {
-		before := w.fingerprint()
-		w.now = w.now.Add(10 * time.Minute)
-		for _, p := range w.pods {
-			if p.phase == PodRunning && !p.hung {
-				w.finishPod(p, true)
-			}
-		}
-		for _, key := range modelModules {
-			w.reconcileModule(key)
-		}
-		for _, n := range modelNodes {
-			w.reconcileLabels(n)
-			w.reconcileDaemonSets(n)
-			w.remember()
-			w.reconcileNMC(n, 0)
-		}
-		if w.fingerprint() == before {
+		if !w.settleRound() {
 			return true
 		}
 	}
@@ -641,7 +1041,7 @@ func (w *world) settle(maxRounds int) bool {
 // describe prints the pairs and pods, for a failure message.
 func (w *world) describe() string {
 	s := ""
-	for _, n := range modelNodes {
+	for _, n := range w.cfg.nodes {
 		for _, key := range slices.Sorted(maps.Keys(w.nmcs[n].status)) {
 			st := w.nmcs[n].status[key]
 			s += fmt.Sprintf("\n%s %s: %s/%s attempts %d: %s", n, key, st.State, st.Reason, st.Attempts, st.Message)
@@ -654,29 +1054,22 @@ func (w *world) describe() string {
 	return s
 }
 
-func (w *world) fingerprint() string {
-	s := ""
-	for _, n := range modelNodes {
-		s += fmt.Sprintf("%v|%v|%v|", w.nodes[n].labels, w.nmcs[n].rv, len(w.nodes[n].loaded))
-	}
-	for _, name := range slices.Sorted(maps.Keys(w.pods)) {
-		s += fmt.Sprintf("%s:%d:%s|", name, w.pods[name].uid, w.pods[name].phase)
-	}
-	return s + fmt.Sprint(len(w.dpPods))
-}
-
-// checkConverged is invariants 5 and 7: every pair is Loaded with its spec config (and the kernel
-// really has it) or Absent with nothing loaded.
+// checkConverged is invariants 5 and 7 and the drain's end: every pair is Loaded with its spec
+// config (and the kernel really has it) or Absent with nothing loaded, and kmm's cordons are lifted.
 func (w *world) checkConverged() {
-	for _, n := range modelNodes {
+	for _, n := range slices.Sorted(maps.Keys(w.kmmCordon)) {
+		w.violate("drain: kmm's cordon of %s (for %s) is still there after every pair settled", n, w.kmmCordon[n])
+	}
+	for _, n := range w.cfg.nodes {
 		sn, nmc := w.nodes[n], w.nmcs[n]
-		for _, key := range modelModules {
+		for _, key := range w.cfg.modules {
 			spec, hasSpec := nmc.spec[key]
 			st := nmc.status[key]
 			cur, loaded := sn.loaded[key]
+			pod := w.livePod(n, key)
 			if hasSpec && spec.Config.KernelVersion == sn.kernel && w.modules[key].broken != "" {
 				// A config no worker can act on: failed for good, nothing loaded, no pod, until it changes.
-				if st.State != LoadBackOff || st.Reason != ReasonInvalidConfig || loaded || w.pods[podName(n, key[len("ns/"):])] != nil && w.pods[podName(n, key[len("ns/"):])].phase == PodRunning {
+				if st.State != LoadBackOff || st.Reason != ReasonInvalidConfig || loaded || pod != nil && pod.phase == PodRunning {
 					w.violate("invariant 7: %s on %s has a config no worker accepts: %s/%s (loaded in kernel: %v), want LoadBackOff InvalidConfig; log %v",
 						key, n, st.State, st.Reason, loaded, st.Transitions)
 				}
@@ -685,230 +1078,14 @@ func (w *world) checkConverged() {
 			if hasSpec && spec.Config.KernelVersion == sn.kernel {
 				if st.State != Loaded || st.Config == nil || !equality.Semantic.DeepEqual(*st.Config, spec.Config) || !loaded ||
 					!equality.Semantic.DeepEqual(cur, spec.Config) {
-					w.violate("invariant 7/5: %s on %s is %s (loaded in kernel: %v), want Loaded with %s; node %+v; pod %+v; log %v",
-						key, n, st.State, loaded, spec.Config.ContainerImage, *sn, w.pods[podName(n, key[len("ns/"):])], st.Transitions)
+					w.violate("invariant 7/5: %s on %s is %s (loaded in kernel: %v), want Loaded with %s; pod %+v; log %v",
+						key, n, st.State, loaded, spec.Config.ContainerImage, pod, st.Transitions)
 				}
 				continue
 			}
 			if (st.State != "" && st.State != Absent) || loaded {
 				w.violate("invariant 7: %s on %s is %s (loaded in kernel: %v), want Absent", key, n, st.State, loaded)
 			}
-		}
-	}
-}
-
-// model adapts the world to rapid's state machine actions.
-type model struct {
-	w *world
-}
-
-func (m *model) pickNode(t *rapid.T) *simNode {
-	return m.w.nodes[rapid.SampledFrom(modelNodes).Draw(t, "node")]
-}
-
-func (m *model) CreateModule(t *rapid.T) {
-	key := rapid.SampledFrom(modelModules).Draw(t, "module")
-	sm := m.w.modules[key]
-	if !sm.exists {
-		sm.exists, sm.gen = true, sm.gen+1
-		if key == modVersion {
-			sm.version = fmt.Sprintf("v%d", sm.gen)
-		}
-	}
-}
-
-func (m *model) EditModuleImage(t *rapid.T) {
-	if sm := m.w.modules[modPlain]; sm.exists {
-		sm.gen++
-	}
-}
-
-// RevertModuleImage puts the previous image back, as an administrator undoing an edit does.
-func (m *model) RevertModuleImage(t *rapid.T) {
-	if sm := m.w.modules[modPlain]; sm.exists && sm.gen > 1 {
-		sm.gen--
-	}
-}
-
-// BreakOrFixModule gives modPlain a config no worker can act on (one only the worker refuses, or
-// one the operator's own check refuses), or a working one again.
-func (m *model) BreakOrFixModule(t *rapid.T) {
-	sm := m.w.modules[modPlain]
-	if !sm.exists {
-		return
-	}
-	if sm.broken != "" {
-		sm.broken = ""
-	} else {
-		sm.broken = rapid.SampledFrom([]string{"worker", "operator"}).Draw(t, "broken")
-	}
-	sm.gen++
-}
-
-func (m *model) BumpModuleVersion(t *rapid.T) {
-	if sm := m.w.modules[modVersion]; sm.exists {
-		sm.gen++
-		sm.version = fmt.Sprintf("v%d", sm.gen)
-	}
-}
-
-func (m *model) DeleteModule(t *rapid.T) {
-	m.w.modules[rapid.SampledFrom(modelModules).Draw(t, "module")].exists = false
-}
-
-func (m *model) RebootNode(t *rapid.T) {
-	m.w.reboot(rapid.SampledFrom(modelNodes).Draw(t, "node"))
-}
-
-func (m *model) UpgradeKernel(t *rapid.T) {
-	n := rapid.SampledFrom(modelNodes).Draw(t, "node")
-	m.w.nodes[n].kernel = rapid.SampledFrom(modelKernels).Draw(t, "kernel")
-	m.w.reboot(n)
-}
-
-func (m *model) FlapNotReady(t *rapid.T) { m.pickNode(t).ready = false }
-
-func (m *model) FlapReady(t *rapid.T) {
-	if sn := m.pickNode(t); !sn.ready {
-		sn.ready, sn.readySince = true, m.w.now
-	}
-}
-
-// FlapNode is a NotReady/Ready flap without a reboot: the Ready transition time moves, the
-// kernel keeps its modules.
-func (m *model) FlapNode(t *rapid.T) {
-	sn := m.pickNode(t)
-	sn.ready, sn.readySince = true, m.w.now.Add(time.Second)
-}
-
-func (m *model) Cordon(t *rapid.T) {
-	sn := m.pickNode(t)
-	sn.cordoned = !sn.cordoned
-}
-
-func (m *model) SetVersionLabel(t *rapid.T) {
-	sn := m.pickNode(t)
-	ns, name := splitKey(modVersion)
-	if rapid.IntRange(0, 4).Draw(t, "remove") == 0 || !m.w.modules[modVersion].exists {
-		delete(sn.labels, kmmv1beta1.ModuleVersionLabel(ns, name))
-		return
-	}
-	sn.labels[kmmv1beta1.ModuleVersionLabel(ns, name)] = m.w.modules[modVersion].version
-}
-
-func (m *model) runningPod(t *rapid.T) *simPod {
-	var running []string
-	for name, p := range m.w.pods {
-		if p.phase == PodRunning {
-			running = append(running, name)
-		}
-	}
-	if len(running) == 0 {
-		return nil
-	}
-	slices.Sort(running)
-	return m.w.pods[rapid.SampledFrom(running).Draw(t, "pod")]
-}
-
-func (m *model) WorkerSucceeds(t *rapid.T) {
-	if p := m.runningPod(t); p != nil {
-		m.w.finishPod(p, true)
-	}
-}
-
-func (m *model) WorkerFails(t *rapid.T) {
-	if p := m.runningPod(t); p != nil {
-		m.w.finishPod(p, false)
-	}
-}
-
-// WorkerHangs makes a running pod never finish unless an action finishes it.
-func (m *model) WorkerHangs(t *rapid.T) {
-	if p := m.runningPod(t); p != nil {
-		p.hung = true
-	}
-}
-
-func (m *model) WorkerEvicted(t *rapid.T) {
-	if p := m.runningPod(t); p != nil {
-		delete(m.w.pods, podName(p.node, p.module[len("ns/"):]))
-	}
-}
-
-func (m *model) ReconcileModule(t *rapid.T) {
-	m.w.reconcileModule(rapid.SampledFrom(modelModules).Draw(t, "module"))
-}
-
-func (m *model) ReconcileNMC(t *rapid.T) {
-	m.w.reconcileNMC(rapid.SampledFrom(modelNodes).Draw(t, "node"), 0)
-}
-
-func (m *model) ReconcileNMCFromStaleCache(t *rapid.T) {
-	m.w.reconcileNMC(rapid.SampledFrom(modelNodes).Draw(t, "node"), rapid.IntRange(1, 3).Draw(t, "age"))
-}
-
-func (m *model) ReconcileVersionLabels(t *rapid.T) {
-	m.w.reconcileLabels(rapid.SampledFrom(modelNodes).Draw(t, "node"))
-}
-
-func (m *model) ReconcileDaemonSets(t *rapid.T) {
-	m.w.reconcileDaemonSets(rapid.SampledFrom(modelNodes).Draw(t, "node"))
-}
-
-// ControllersCatchUp runs every controller once on every node, as happens when events settle.
-func (m *model) ControllersCatchUp(*rapid.T) {
-	for _, key := range modelModules {
-		m.w.reconcileModule(key)
-	}
-	for _, n := range modelNodes {
-		m.w.reconcileLabels(n)
-		m.w.remember()
-		m.w.reconcileNMC(n, 0)
-		m.w.reconcileDaemonSets(n)
-	}
-}
-
-// APIRefuses makes the API server refuse the next NMC status write (a conflict) or the next worker
-// pod (a policy, a quota).
-func (m *model) APIRefuses(t *rapid.T) {
-	if rapid.Bool().Draw(t, "pod") {
-		m.w.refuse = true
-	} else {
-		m.w.conflict = true
-	}
-}
-
-// RestartOperator drops every cache: the next reconciles start from what the API server holds.
-func (m *model) RestartOperator(*rapid.T) {
-	m.w.history = nil
-	m.w.remember()
-}
-
-func (m *model) Tick(t *rapid.T) {
-	m.w.now = m.w.now.Add(time.Duration(rapid.IntRange(1, 600).Draw(t, "seconds")) * time.Second)
-}
-
-// Check runs after every action.
-func (m *model) Check(t *rapid.T) {
-	m.w.remember()
-	m.w.check()
-	if len(m.w.violations) > 0 {
-		t.Fatalf("%s", m.w.violations[0])
-	}
-}
-
-// runModel is one random interleaving followed by the convergence check.
-func runModel(f faults) func(*rapid.T) {
-	return func(t *rapid.T) {
-		m := &model{w: newWorld(f)}
-		t.Repeat(rapid.StateMachineActions(m))
-		if !m.w.settle(30) {
-			t.Fatalf("invariant 7: the world did not settle within 30 rounds of reconciles: %s", m.w.describe())
-		}
-		m.w.check()
-		m.w.checkConverged()
-		if len(m.w.violations) > 0 {
-			t.Fatalf("%s", m.w.violations[0])
 		}
 	}
 }

@@ -2,10 +2,11 @@ package fsm
 
 import (
 	"flag"
-	"fmt"
+	"maps"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"pgregory.net/rapid"
@@ -30,63 +31,78 @@ func flagSet(name string) bool {
 }
 
 // TestModelInvariants is the property test: random interleavings of Module edits, reboots, kernel
-// upgrades, NotReady/Ready flaps, cordons, version-label changes, worker outcomes, operator restarts,
-// write conflicts and stale caches, with the invariants of SPEC §4 checked after every step and
-// convergence checked at the end. `make test` runs it with RAPID_CHECKS=10000.
+// upgrades, NotReady/Ready flaps, cordons, version-label changes, worker outcomes, drains, operator
+// restarts, write conflicts and stale caches, with the invariants of SPEC §4 checked after every
+// step and convergence checked at the end. `make test` runs it with RAPID_CHECKS=10000.
 func TestModelInvariants(t *testing.T) {
-	clear(visitedEdges)
+	rapidCoverage.reset()
 	rapid.Check(t, runModel(faults{}))
-
-	// Coverage is asserted only on a run long enough to reach it (short mode runs a few dozen).
-	checks, _ := strconv.Atoi(flag.Lookup("rapid.checks").Value.String())
-	visitedStates := map[State]bool{}
-	for e := range visitedEdges {
-		visitedStates[e.To] = true
-	}
-	for _, s := range States {
-		if !visitedStates[s] && checks >= 1000 {
-			t.Errorf("no interleaving reached state %s: the model does not exercise it", s)
-		}
-	}
+	runs, edges := rapidCoverage.get()
 	var missed []string
-	for e := range permittedEdges() {
-		if visitedEdges[e] == 0 {
-			missed = append(missed, fmt.Sprintf("%s --%s--> %s", e.From, e.Trigger, e.To))
+	for _, e := range sortedEdges(permittedEdges()) {
+		if edges[e] == 0 {
+			missed = append(missed, e.String())
 		}
 	}
-	t.Logf("transitions exercised: %d of %d; never taken: %v", len(permittedEdges())-len(missed), len(permittedEdges()), missed)
-	if checks >= 1000 && len(missed)*5 > len(permittedEdges()) {
-		t.Errorf("the model took fewer than 80%% of the machine's transitions")
+	t.Logf("%d interleavings took %d of the machine's %d transitions; never taken: %v", runs, len(permittedEdges())-len(missed), len(permittedEdges()), missed)
+	// Coverage is asserted only on a run long enough to reach it (`make test`'s 10,000; short mode
+	// and a plain `go test` run a few dozen). The explorer's coverage does not depend on luck:
+	// TestExplore asserts it on every run.
+	if runs >= 5000 && len(missed)*5 > len(permittedEdges()) {
+		t.Errorf("%d interleavings took fewer than 80%% of the machine's transitions", runs)
 	}
+}
+
+// coverage counts the transitions the model made over many runs.
+type coverage struct {
+	mu    sync.Mutex
+	runs  int
+	edges map[Edge]int
+}
+
+// rapidCoverage is what TestModelInvariants's interleavings reached.
+var rapidCoverage coverage
+
+func (c *coverage) reset() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.runs, c.edges = 0, map[Edge]int{}
+}
+
+func (c *coverage) add(fired []Edge) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.edges == nil {
+		c.edges = map[Edge]int{}
+	}
+	c.runs++
+	for _, e := range fired {
+		c.edges[e]++
+	}
+}
+
+func (c *coverage) get() (int, map[Edge]int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.runs, maps.Clone(c.edges)
 }
 
 // TestSeededFaultsAreCaught runs the property test against deliberately broken controllers and
 // requires rapid to find a counterexample naming the invariant each one breaks.
 func TestSeededFaultsAreCaught(t *testing.T) {
 	rapidtb.SetFlag(t, "rapid.nofailfile", "true")
-	rapidtb.SetFlag(t, "rapid.shrinktime", "3s")
+	rapidtb.SetFlag(t, "rapid.shrinktime", "200ms") // the explorer gives the shortest counterexamples
 	// Each fault needs a particular interleaving; search long enough to find it every time (rapid
 	// stops at the first counterexample, so this costs little).
-	if checks, _ := strconv.Atoi(flag.Lookup("rapid.checks").Value.String()); checks < 3000 {
-		rapidtb.SetFlag(t, "rapid.checks", "3000")
+	// (Short mode runs a fifth of rapid.checks.)
+	want := 3000
+	if testing.Short() {
+		want *= 5
 	}
-	cases := []struct {
-		name      string
-		fault     faults
-		invariant string
-	}{
-		{"the NMC decision ignores Ready", faults{nmcIgnoresReady: true}, "invariant 4"},
-		{"the Module→NMC decision reads node status", faults{specReadsNodeStatus: true}, "invariant 1"},
-		{"unload starts while the device plugin pod runs", faults{unloadIgnoresDevicePlugin: true}, "invariant 6"},
-		// A missed reboot shows up as a pair that never converges, or as a later load over what the
-		// controller still believes is loaded: either is a catch.
-		{"reboots go unnoticed", faults{ignoresReboots: true}, "invariant 7|invariant 6"},
-		// Issue 13: a failed pod whose config cannot be read was taken for a replaced config and
-		// retried at once, thousands of pods a minute.
-		{"a failed pod's config is read as empty", faults{failedEntryUnread: true}, "back-off|invariant 7"},
-		{"worker pods never time out", faults{noWorkerTimeout: true}, "invariant 7"},
+	if checks, _ := strconv.Atoi(flag.Lookup("rapid.checks").Value.String()); checks < want {
+		rapidtb.SetFlag(t, "rapid.checks", strconv.Itoa(want))
 	}
-	for _, tc := range cases {
+	for _, tc := range seededFaults {
 		t.Run(tc.name, func(t *testing.T) {
 			rec := rapidtb.New(t)
 			rapid.Check(rec, runModel(tc.fault))
@@ -106,9 +122,9 @@ func TestSeededFaultsAreCaught(t *testing.T) {
 // hold without it.
 func TestBackOffPropertyCatchesTheRetryStorm(t *testing.T) {
 	for _, fault := range []bool{false, true} {
-		w := newWorld(faults{failedEntryUnread: fault})
-		m := &model{w: w}
-		m.ControllersCatchUp(nil)
+		cfg := rapidConfig(false)
+		w := newWorld(&cfg, faults{failedEntryUnread: fault})
+		w.catchUp()
 		p := w.pods[podName("n0", "plain")]
 		if p == nil || p.action != ActionLoad {
 			t.Fatalf("no load pod after the first reconciles: %s", w.describe())
@@ -123,6 +139,51 @@ func TestBackOffPropertyCatchesTheRetryStorm(t *testing.T) {
 			t.Errorf("fault %v: back-off violation found %v; violations %v; %s", fault, caught, w.violations, w.describe())
 		}
 	}
+}
+
+// runModel is one random interleaving followed by the convergence check.
+func runModel(f faults) func(*rapid.T) {
+	return func(t *rapid.T) {
+		cfg := rapidConfig(rapid.Bool().Draw(t, "automatic rollout"))
+		start := startingWorlds[rapid.IntRange(0, len(startingWorlds)-1).Draw(t, "starting world")]
+		w := start.start(&cfg, f)
+		defer func() { rapidCoverage.add(w.fired) }()
+		t.Repeat(rapidActions(w))
+		if !w.settle(maxSettleRounds) {
+			t.Fatalf("invariant 7: the world did not settle within %d rounds of reconciles: %s", maxSettleRounds, w.describe())
+		}
+		w.check()
+		w.checkConverged()
+		if len(w.violations) > 0 {
+			t.Fatalf("%s", w.violations[0])
+		}
+	}
+}
+
+// seededFaults are the broken controllers the property test and the explorer must catch, with the
+// check (a prefix of its message) each must fail on.
+var seededFaults = []struct {
+	name      string
+	fault     faults
+	invariant string
+}{
+	{"the NMC decision ignores Ready", faults{nmcIgnoresReady: true}, "invariant 4"},
+	{"the Module→NMC decision reads node status", faults{specReadsNodeStatus: true}, "invariant 1"},
+	{"unload starts while the device plugin pod runs", faults{unloadIgnoresDevicePlugin: true}, "invariant 6"},
+	// A missed reboot shows up as a pair that never converges, or as a later load over what the
+	// controller still believes is loaded: either is a catch.
+	{"reboots go unnoticed", faults{ignoresReboots: true}, "invariant 7|invariant 6"},
+	// Issue 13: a failed pod whose config cannot be read was taken for a replaced config and
+	// retried at once, thousands of pods a minute.
+	{"a failed pod's config is read as empty", faults{failedEntryUnread: true}, "back-off|invariant 7"},
+	{"worker pods never time out", faults{noWorkerTimeout: true}, "invariant 7"},
+	{"the back-off does not grow", faults{flatBackOff: true}, "back-off"},
+	// A cache that does not show the pod just created yet: only the pod's deterministic name keeps
+	// a second one from being made.
+	{"worker pods get generated names", faults{podGenerateName: true}, "invariant 3"},
+	{"the status write drops the newest log entry", faults{logSkipsTransition: true}, "invariant 8"},
+	{"the drain forgets its cordon", faults{cordonForgotten: true}, "drain: kmm's cordon|invariant 7"},
+	{"the rollout does not count nodes in progress", faults{rolloutIgnoresInProgress: true}, "drain: 2 nodes cordoned|drain: 3 nodes cordoned"},
 }
 
 // FuzzModel runs the same property as TestModelInvariants from fuzzer-chosen inputs.
