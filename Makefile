@@ -102,6 +102,14 @@ e2e: $(CONTROL_PLANE) $(BIN)/kubelet ## Bring up a real node (kubelet, container
 	go build -o $(BIN)/e2e-cleanup ./test/e2e/cleanup
 	trap '$(BIN)/e2e-cleanup $(E2E_DIR)' EXIT; go test -tags e2e -count=1 -timeout 15m -v -run '$(E2E_RUN)' ./test/e2e/
 
+# Depth of `make explore`: every interleaving of the fsm model's actions up to DEPTH steps from each
+# starting world (docs/evidence.md gives the states and the time per depth).
+DEPTH ?= 4
+
+.PHONY: explore
+explore: ## Explore every interleaving of the fsm model to DEPTH steps: print the state counts, write docs/exploration.md.
+	go test ./fsm -count=1 -timeout 30m -run '^TestExplore$$' -v -explore.depth=$(DEPTH) -explore.report=$(CURDIR)/docs/exploration.md
+
 .PHONY: fuzz
 fuzz: ## Run every fuzz target for FUZZ_TIME each (or the count its entry gives).
 	@for t in $(FUZZ_TARGETS); do pkg=$$(echo $$t | cut -d: -f1); name=$$(echo $$t | cut -d: -f2); \
