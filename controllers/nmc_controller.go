@@ -43,7 +43,10 @@ type NMCReconciler struct {
 	Recorder    events.EventRecorder
 	Clock       clock.PassiveClock
 	WorkerImage string
-	BackOff     fsm.BackOff
+	// WorkerDryRunSandbox makes every worker pod a dry run against this host directory
+	// (WorkerPodOptions.DryRunSandbox): for hosts whose kernel cannot load modules.
+	WorkerDryRunSandbox string
+	BackOff             fsm.BackOff
 	// WorkerTimeout is how long a worker pod may run before the pair fails it (0: fsm.DefaultWorkerTimeout).
 	WorkerTimeout time.Duration
 	// MaxConcurrentReconciles may be above 1: each NMC is one node, so reconciles never share state
@@ -400,7 +403,7 @@ func ignoreGone(err error) error {
 }
 
 func (r *NMCReconciler) createWorker(ctx context.Context, node, key string, in *fsm.WorkerIntent) error {
-	pod, err := WorkerPod(node, r.WorkerImage, in)
+	pod, err := WorkerPod(node, WorkerPodOptions{Image: r.WorkerImage, DryRunSandbox: r.WorkerDryRunSandbox}, in)
 	if err != nil {
 		r.expected().refusedCreate(node, key, fsm.CreateRefusal{Action: in.Action, Attempt: in.Attempt, Message: err.Error()})
 		return fmt.Errorf("building the %s worker pod for %s on %s: %w", in.Action, key, node, err)

@@ -24,7 +24,24 @@ const (
 	// FirmwareHostPath is where firmware is installed on the node.
 	FirmwareHostPath = contract.DefaultFirmwareHostPath
 	pullSecretDir    = "/var/run/kmm/pull-secret" //nolint:gosec // G101: a mount path, not a credential
+	// SandboxMountPath is where a dry-run worker pod sees its sandbox (WorkerPodOptions.DryRunSandbox).
+	SandboxMountPath = "/var/lib/kmm/sandbox"
+	// bootIDPath is the kernel's boot ID, as the kubelet reports it in node.status.nodeInfo.bootID.
+	bootIDPath = "/proc/sys/kernel/random/boot_id"
 )
+
+// WorkerPodOptions are the operator's settings of every worker pod.
+type WorkerPodOptions struct {
+	// Image is the worker image.
+	Image string
+	// DryRunSandbox, when set, is a host directory that stands for the node's root: the worker runs
+	// `modprobe -n` (--dry-run --host-root) against it instead of loading anything, and every host
+	// path the pod would use (the image cache, /lib/modules, the firmware directory, sysfs) is
+	// below it. Only the node's boot ID is the real one, mounted read-only into the sandbox, so
+	// that a load is recorded against the boot it happened in. It is for hosts whose kernel cannot
+	// load modules (demos, CI): the pod spec is otherwise the one a real node runs.
+	DryRunSandbox string
+}
 
 // WorkerPodName is the deterministic name of a pair's worker pod: at most one exists per pair
 // because the API server refuses a second pod of the same name.
@@ -34,7 +51,7 @@ func WorkerPodName(node, namespace, name string) string {
 
 // WorkerPod builds the worker pod for an intent on a node (SPEC §6): bound to the node, never
 // restarted, no API token, SYS_MODULE, privileged only with firmware, config through the downward API.
-func WorkerPod(node, image string, in *fsm.WorkerIntent) (*corev1.Pod, error) {
+func WorkerPod(node string, o WorkerPodOptions, in *fsm.WorkerIntent) (*corev1.Pod, error) {
 	e := &in.Entry
 	cfg := contract.Config{Namespace: e.Namespace, Name: e.Name, Config: e.Config}
 	firmware := e.Config.Modprobe.FirmwarePath != ""
@@ -49,6 +66,9 @@ func WorkerPod(node, image string, in *fsm.WorkerIntent) (*corev1.Pod, error) {
 		"--timeout", contract.DefaultTimeout.String()}
 	if e.ImageRepoSecret != nil {
 		args = append(args, "--pull-secret", path.Join(pullSecretDir, corev1.DockerConfigJsonKey))
+	}
+	if o.DryRunSandbox != "" {
+		args = append(args, "--dry-run", "--host-root", SandboxMountPath)
 	}
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
@@ -66,14 +86,14 @@ func WorkerPod(node, image string, in *fsm.WorkerIntent) (*corev1.Pod, error) {
 			Tolerations:                  e.Tolerations,
 			Containers: []corev1.Container{{
 				Name:                     contract.ContainerName,
-				Image:                    image,
+				Image:                    o.Image,
 				Args:                     args,
 				TerminationMessagePolicy: corev1.TerminationMessageReadFile,
 				SecurityContext:          workerSecurityContext(firmware),
 				Resources:                workerResources,
-				VolumeMounts:             workerMounts(e, firmware),
+				VolumeMounts:             workerMounts(e, firmware, o.DryRunSandbox != ""),
 			}},
-			Volumes: workerVolumes(e, firmware),
+			Volumes: workerVolumes(e, firmware, o.DryRunSandbox),
 		},
 	}
 	return pod, nil
@@ -122,7 +142,7 @@ func workerLabels(node string, e *kmmv1beta1.NodeModuleSpec, action fsm.WorkerAc
 	}
 }
 
-func workerMounts(e *kmmv1beta1.NodeModuleSpec, firmware bool) []corev1.VolumeMount {
+func workerMounts(e *kmmv1beta1.NodeModuleSpec, firmware, sandbox bool) []corev1.VolumeMount {
 	m := []corev1.VolumeMount{
 		{Name: "config", MountPath: path.Dir(contract.ConfigFile), ReadOnly: true},
 		{Name: "cache", MountPath: CacheHostPath},
@@ -132,28 +152,46 @@ func workerMounts(e *kmmv1beta1.NodeModuleSpec, firmware bool) []corev1.VolumeMo
 	if e.ImageRepoSecret != nil {
 		m = append(m, corev1.VolumeMount{Name: "pull-secret", MountPath: pullSecretDir, ReadOnly: true})
 	}
-	if firmware {
+	switch {
+	case sandbox:
+		// The worker writes firmware and the firmware class path below --host-root. The boot ID
+		// is mounted over the sandbox's own path (containerd mounts the deeper path second).
+		m = append(m, corev1.VolumeMount{Name: "sandbox", MountPath: SandboxMountPath},
+			corev1.VolumeMount{Name: "boot-id", MountPath: path.Join(SandboxMountPath, bootIDPath), ReadOnly: true})
+	case firmware:
 		m = append(m, corev1.VolumeMount{Name: "firmware", MountPath: FirmwareHostPath})
 	}
 	return m
 }
 
-func workerVolumes(e *kmmv1beta1.NodeModuleSpec, firmware bool) []corev1.Volume {
+func workerVolumes(e *kmmv1beta1.NodeModuleSpec, firmware bool, sandbox string) []corev1.Volume {
 	dirOrCreate := corev1.HostPathDirectoryOrCreate
+	// hostDir is a host directory of the node, or of the sandbox standing for it.
+	hostDir := func(p string) string { return path.Join(sandbox, p) }
+	var modulesType *corev1.HostPathType // the node's own tree: never created
+	if sandbox != "" {
+		modulesType = &dirOrCreate
+	}
 	v := []corev1.Volume{
 		{Name: "config", VolumeSource: corev1.VolumeSource{DownwardAPI: &corev1.DownwardAPIVolumeSource{Items: []corev1.DownwardAPIVolumeFile{{
 			Path:     path.Base(contract.ConfigFile),
 			FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.annotations['" + contract.AnnotationConfig + "']"},
 		}}}}},
-		{Name: "cache", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: CacheHostPath, Type: &dirOrCreate}}},
-		{Name: "lib-modules", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/lib/modules"}}},
+		{Name: "cache", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: hostDir(CacheHostPath), Type: &dirOrCreate}}},
+		{Name: "lib-modules", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: hostDir("/lib/modules"), Type: modulesType}}},
 		// The root file system is read-only; modprobe's softdep config goes here.
 		{Name: "tmp", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: ptr.To(resource.MustParse("16Mi"))}}},
 	}
 	if e.ImageRepoSecret != nil {
 		v = append(v, corev1.Volume{Name: "pull-secret", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: e.ImageRepoSecret.Name}}})
 	}
-	if firmware {
+	switch {
+	case sandbox != "":
+		file := corev1.HostPathFile
+		v = append(v,
+			corev1.Volume{Name: "sandbox", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: sandbox, Type: &dirOrCreate}}},
+			corev1.Volume{Name: "boot-id", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: bootIDPath, Type: &file}}})
+	case firmware:
 		v = append(v, corev1.Volume{Name: "firmware", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: FirmwareHostPath, Type: &dirOrCreate}}})
 	}
 	return v

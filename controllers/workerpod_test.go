@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"maps"
 	"strings"
 	"testing"
 
@@ -25,7 +26,7 @@ func intent(firmware string, secret bool) *fsm.WorkerIntent {
 
 // TestWorkerPodShape checks the pod of SPEC §6.
 func TestWorkerPodShape(t *testing.T) {
-	pod, err := WorkerPod("node-1", "kmm-worker:1", intent("", true))
+	pod, err := WorkerPod("node-1", WorkerPodOptions{Image: "kmm-worker:1"}, intent("", true))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +88,7 @@ func hasDownwardConfig(pod *corev1.Pod) bool {
 }
 
 func TestWorkerPodIsPrivilegedOnlyForFirmware(t *testing.T) {
-	pod, err := WorkerPod("n", "img", intent("/firmware", false))
+	pod, err := WorkerPod("n", WorkerPodOptions{Image: "img"}, intent("/firmware", false))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,6 +101,50 @@ func TestWorkerPodIsPrivilegedOnlyForFirmware(t *testing.T) {
 	}
 }
 
+// TestWorkerPodDryRunSandbox checks the pod of --worker-dry-run-sandbox: the same pod but for the
+// worker's dry-run flags and host paths below the sandbox, the real boot ID mounted into it, and no
+// host path outside the sandbox but that file.
+func TestWorkerPodDryRunSandbox(t *testing.T) {
+	const sandbox = "/srv/kmm-sandbox"
+	for _, firmware := range []string{"", "/firmware"} {
+		real, err := WorkerPod("n", WorkerPodOptions{Image: "img"}, intent(firmware, true))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pod, err := WorkerPod("n", WorkerPodOptions{Image: "img", DryRunSandbox: sandbox}, intent(firmware, true))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := pod.Spec.Containers[0]
+		if want := strings.Join(real.Spec.Containers[0].Args, " ") + " --dry-run --host-root " + SandboxMountPath; strings.Join(c.Args, " ") != want {
+			t.Errorf("firmware %q: args %q, want %q", firmware, c.Args, want)
+		}
+		if *c.SecurityContext.Privileged != (firmware != "") || pod.Annotations[contract.AnnotationConfig] != real.Annotations[contract.AnnotationConfig] {
+			t.Errorf("firmware %q: the security context or the config differ from a real node's pod", firmware)
+		}
+		hostPaths := map[string]string{}
+		for _, v := range pod.Spec.Volumes {
+			if v.HostPath != nil {
+				hostPaths[v.Name] = v.HostPath.Path
+			}
+		}
+		want := map[string]string{"cache": sandbox + CacheHostPath, "lib-modules": sandbox + "/lib/modules", "sandbox": sandbox, "boot-id": "/proc/sys/kernel/random/boot_id"}
+		if !maps.Equal(hostPaths, want) {
+			t.Errorf("firmware %q: host paths %v, want %v", firmware, hostPaths, want)
+		}
+		mounts := map[string]string{}
+		for _, m := range c.VolumeMounts {
+			mounts[m.Name] = m.MountPath
+		}
+		if mounts["cache"] != CacheHostPath || mounts["sandbox"] != SandboxMountPath || mounts["boot-id"] != SandboxMountPath+"/proc/sys/kernel/random/boot_id" {
+			t.Errorf("firmware %q: mounts %v", firmware, mounts)
+		}
+		if firmware == "" {
+			checkWorkerHardening(t, pod)
+		}
+	}
+}
+
 func TestWorkerPodNameStaysValid(t *testing.T) {
 	long := strings.Repeat("n", 250)
 	if n := WorkerPodName(long, "ns", "m"); len(n) > 253 || n == WorkerPodName(long+"x", "ns", "m") {
@@ -109,7 +154,7 @@ func TestWorkerPodNameStaysValid(t *testing.T) {
 
 // TestObserveWorkerReadsTheResult round-trips a pod through ObserveWorker.
 func TestObserveWorkerReadsTheResult(t *testing.T) {
-	pod, _ := WorkerPod("n", "img", intent("", true))
+	pod, _ := WorkerPod("n", WorkerPodOptions{Image: "img"}, intent("", true))
 	res := contract.Result{Action: contract.ActionLoad, Namespace: "drivers", Name: "nic", Kernel: "k", BootID: "b7",
 		ImageDigest: "sha256:ab", Outcome: contract.OutcomeFailed, Reason: contract.ReasonImagePull, Message: "manifest unknown"}
 	msg, err := res.Marshal()

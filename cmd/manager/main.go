@@ -46,7 +46,8 @@ func run(ctx context.Context, args []string, logOut io.Writer) error {
 		return err
 	}
 	log.Info("Starting the manager", "metrics", a.MetricsAddr, "metricsSecure", a.MetricsSecure, "probes", a.ProbeAddr,
-		"leaderElection", a.LeaderElect, "certManagement", a.CertManagement, "workerImage", a.WorkerImage)
+		"leaderElection", a.LeaderElect, "certManagement", a.CertManagement, "workerImage", a.WorkerImage,
+		"workerDryRunSandbox", a.WorkerDryRunSandbox)
 	return mgr.Start(ctx)
 }
 

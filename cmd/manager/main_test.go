@@ -118,14 +118,27 @@ func TestOptionsValidate(t *testing.T) {
 	if err := o.Validate(); err != nil {
 		t.Fatalf("without the webhook the certificate settings do not matter: %v", err)
 	}
+	for _, sandbox := range []string{"sandbox", "/", "//"} {
+		o = app.DefaultOptions()
+		o.WorkerDryRunSandbox = sandbox
+		if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "worker-dry-run-sandbox must be an absolute host directory other than /") {
+			t.Fatalf("Validate() with the sandbox %q = %v", sandbox, err)
+		}
+	}
+	o.WorkerDryRunSandbox = "/var/lib/kmm-sandbox"
+	if err := o.Validate(); err != nil {
+		t.Fatalf("Validate() with an absolute sandbox: %v", err)
+	}
 }
 
 func TestParseArgs(t *testing.T) {
-	a, err := app.ParseArgs([]string{"--kubeconfig=/k", "--log-level=debug", "--cert-management=self", "--worker-image=reg/w:1", "--metrics-secure"})
+	a, err := app.ParseArgs([]string{"--kubeconfig=/k", "--log-level=debug", "--cert-management=self", "--worker-image=reg/w:1", "--metrics-secure",
+		"--worker-dry-run-sandbox=/sandbox"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a.Kubeconfig != "/k" || a.LogLevel != "debug" || a.CertManagement != "self" || a.WorkerImage != "reg/w:1" || !a.MetricsSecure {
+	if a.Kubeconfig != "/k" || a.LogLevel != "debug" || a.CertManagement != "self" || a.WorkerImage != "reg/w:1" || !a.MetricsSecure ||
+		a.WorkerDryRunSandbox != "/sandbox" {
 		t.Fatalf("ParseArgs = %+v", a)
 	}
 	if d := app.DefaultOptions(); a.QPS != d.QPS || a.Certs != d.Certs {
