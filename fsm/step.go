@@ -90,6 +90,14 @@ func Step(f Facts) Result {
 		tr := record(&st, t, to, &f)
 		res.Fired = append(res.Fired, tr)
 		res.Message = st.Message
+		if t == WorkerTimedOut {
+			// The overdue pod may succeed before its deletion lands (the deletion then fails on
+			// its precondition): decide the rest once its fate is known, so that a late success
+			// is still met in the back-off state that takes it (found by the rapid model: a
+			// spec removed meanwhile took the pair on to Absent, and a load that succeeded late
+			// stayed in the kernel with no record).
+			break
+		}
 	}
 	recordDrain(&st, &f, nil)
 	f.Status = st

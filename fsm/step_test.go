@@ -235,6 +235,20 @@ func TestStepWorkerOutcomes(t *testing.T) {
 			t.Fatalf("status %+v", r.Status)
 		}
 	})
+	t.Run("worker pod past the timeout, spec removed meanwhile: LoadBackOff first, the rest once the pod's fate is known", func(t *testing.T) {
+		f := facts(nil, loading, readyNode(k1))
+		f.Worker = Worker{Phase: PodRunning, Action: ActionLoad, Entry: *e1, EntryKnown: true, Created: t0.Add(-DefaultWorkerTimeout)}
+		check(t, f, want{state: LoadBackOff, delete: true})
+		// The deletion lost the race: the pod succeeded. The module is loaded, and then unloaded.
+		st := loading
+		st.State, st.Reason, st.Attempts = LoadBackOff, ReasonTimedOut, 1
+		f = facts(nil, st, readyNode(k1))
+		f.Worker = Worker{Phase: PodSucceeded, Action: ActionLoad, Entry: *e1, EntryKnown: true, Result: WorkerResult{BootID: "b1"}}
+		r := check(t, f, want{state: Unloading, delete: true}) // the unload pod comes once the load pod is gone
+		if r.Fired[0].To != Loaded {
+			t.Fatalf("transitions %+v: the late success must be recorded first", r.Fired)
+		}
+	})
 	t.Run("unload succeeded, spec gone: entry removed", func(t *testing.T) {
 		f := facts(nil, loaded(Unloading, e1), readyNode(k1))
 		f.Worker = Worker{Phase: PodSucceeded, Action: ActionUnload, Entry: *e1}
