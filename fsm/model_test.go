@@ -76,6 +76,7 @@ type faults struct {
 	logSkipsTransition        bool // the status write drops the newest entry of the transition log
 	cordonForgotten           bool // the drain's record does not remember that kmm cordoned the node
 	rolloutIgnoresInProgress  bool // the rollout does not count nodes it started and that are not done
+	rolloutDoneIgnoresCordon  bool // the rollout does not count a done node that is still cordoned (upgrade.planRollout's rule)
 }
 
 type simNode struct {
@@ -851,7 +852,7 @@ func (w *world) reconcileRollout() {
 			if !w.faults.rolloutIgnoresInProgress {
 				unavailable++
 			}
-		case !sn.ready || sn.cordoned:
+		case (!sn.ready || sn.cordoned) && !(done && w.faults.rolloutDoneIgnoresCordon):
 			unavailable++
 		case !done:
 			candidates = append(candidates, n)
