@@ -44,8 +44,11 @@ const ModuleFinalizer = "kmm.sigs.x-k8s.io/unload"
 
 // ModuleReconciler is the Module→NMC controller.
 type ModuleReconciler struct {
-	Client   client.Client
-	Recorder events.EventRecorder
+	Client client.Client
+	// APIReader reads NMCs as stored, managedFields included (the cache strips them), when an NMC
+	// is taken over from upstream KMM; nil means Client.
+	APIReader client.Reader
+	Recorder  events.EventRecorder
 	// Clock gives the conditions' transition times; nil means the real clock.
 	Clock clock.PassiveClock
 
@@ -266,8 +269,15 @@ func (r *ModuleReconciler) syncSpecs(ctx context.Context, s *moduleScope, log lo
 	for i := range s.nodes {
 		n := &s.nodes[i]
 		d := s.decisions[n.Name]
-		current := s.nmcs[n.Name].SpecEntry(s.module.Namespace, s.module.Name)
+		nmc := s.nmcs[n.Name]
+		current := nmc.SpecEntry(s.module.Namespace, s.module.Name)
 		switch {
+		case d.Action == fsm.SpecUpdate && needsTakeover(nmc, s.module):
+			log.Info("Taking over an NMC spec entry upstream KMM wrote", "node", n.Name, "image", d.Entry.Config.ContainerImage)
+			applies = append(applies, func() error { return r.syncTakenOver(ctx, n.Name, n, s.module, d.Entry) })
+		case d.Action == fsm.SpecDelete && current != nil && (needsTakeover(nmc, s.module) || takenOver(nmc)):
+			log.Info("Removing NMC spec entry by patch (the NMC was taken over from upstream KMM)", "node", n.Name, "reason", d.Reason)
+			applies = append(applies, func() error { return r.syncTakenOver(ctx, n.Name, n, s.module, nil) })
 		case d.Action == fsm.SpecUpdate && (current == nil || !semantic.Equal(current, d.Entry)):
 			log.Info("Writing NMC spec entry", "node", n.Name, "image", d.Entry.Config.ContainerImage, "kernel", d.Entry.Config.KernelVersion)
 			applies = append(applies, func() error { return r.applyEntry(ctx, n, s.module, d.Entry) })
@@ -322,17 +332,19 @@ func (r *ModuleReconciler) applyEntry(ctx context.Context, node *corev1.Node, m 
 		},
 		"spec": map[string]any{"modules": modules},
 	}}
-	owner := client.FieldOwner(fmt.Sprintf("kmm-module/%s/%s", m.Namespace, m.Name))
+	owner := client.FieldOwner(fieldManager(m.Namespace, m.Name))
 	if err := r.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), owner, client.ForceOwnership); err != nil {
 		return fmt.Errorf("applying the NMC entry of %s/%s on %s: %w", m.Namespace, m.Name, node.Name, err)
 	}
 	return nil
 }
 
-// releaseWhenUnloaded removes the finalizer of a deleted Module once no NMC has an entry for it.
+// releaseWhenUnloaded removes the finalizer of a deleted Module once no NMC has an entry for it,
+// and upstream KMM's finalizer with it (after a switch from upstream no one else would).
 func (r *ModuleReconciler) releaseWhenUnloaded(ctx context.Context, s *moduleScope, log logr.Logger) error {
 	m := s.module
-	if m.DeletionTimestamp.IsZero() || !controllerutil.ContainsFinalizer(m, ModuleFinalizer) {
+	if m.DeletionTimestamp.IsZero() ||
+		(!controllerutil.ContainsFinalizer(m, ModuleFinalizer) && !controllerutil.ContainsFinalizer(m, UpstreamModuleFinalizer)) {
 		return nil
 	}
 	for _, nmc := range s.nmcs {
@@ -341,6 +353,7 @@ func (r *ModuleReconciler) releaseWhenUnloaded(ctx context.Context, s *moduleSco
 		}
 	}
 	log.Info("Every node unloaded the module: releasing the Module")
+	controllerutil.RemoveFinalizer(m, UpstreamModuleFinalizer)
 	return client.IgnoreNotFound(r.patchFinalizers(ctx, m, controllerutil.RemoveFinalizer))
 }
 

@@ -102,6 +102,12 @@ type nodeFacts struct {
 	moduleKeys map[string]bool        // module keys of every Module, being deleted or not
 	drains     map[string]*kmmv1beta1.DrainSpec
 	refused    map[string]fsm.CreateRefusal // worker pods the API server refused, by module key
+	// upstreamWorkers are the module keys with an upstream KMM worker pod on the node, read only
+	// when the NMC has a record upstream left (takeover.go).
+	upstreamWorkers map[string]bool
+	// appliedByKMM says, by module key, whether the Module's own manager applied its spec entry, read
+	// from the NMC as stored (the cache strips managedFields) only when the NMC has a record upstream left.
+	appliedByKMM map[string]bool
 }
 
 // writableNMC returns the NMC to write: a copy of the cached one, made once.
@@ -194,6 +200,9 @@ func (r *NMCReconciler) gather(ctx context.Context, name string) (*nodeFacts, er
 		}
 	}
 	f.drains = drainPolicies(modules.Items)
+	if err := r.gatherUpstream(ctx, f); err != nil {
+		return nil, err
+	}
 	return f, nil
 }
 
@@ -253,6 +262,8 @@ func (r *NMCReconciler) pairFacts(f *nodeFacts, key string, node fsm.Node, now t
 		facts.Node.UpgradeTarget = f.node.Labels[kmmv1beta1.ModuleVersionLabel(ns, name)]
 	}
 	facts.Node.WorkerPodVersion = f.node.Labels[kmmv1beta1.WorkerPodVersionLabel(ns, name)]
+	facts.UpstreamWorkerPresent = f.upstreamWorkers[key]
+	facts.SpecWrittenByKMM = f.appliedByKMM[key]
 	if p := f.workers[key]; p != nil {
 		facts.Worker = ObserveWorker(p)
 	}
@@ -432,6 +443,9 @@ func (r *NMCReconciler) patchLabels(ctx context.Context, f *nodeFacts, outcomes 
 	}
 	for _, o := range outcomes {
 		ns, name, _ := strings.Cut(o.key, "/")
+		if undecidedForeign(o, desired) {
+			continue
+		}
 		if o.result.Plan.Ready {
 			v := ""
 			desired[kmmv1beta1.ReadyLabel(ns, name)] = &v
@@ -439,7 +453,7 @@ func (r *NMCReconciler) patchLabels(ctx context.Context, f *nodeFacts, outcomes 
 		if v := o.result.Plan.VersionReady; v != "" {
 			desired[kmmv1beta1.VersionReadyLabel(ns, name)] = &v
 		}
-		if o.result.Plan.Ready && f.dpReady[o.key] {
+		if devicePluginReadyLabelled(f, o) {
 			v := ""
 			desired[kmmv1beta1.DevicePluginReadyLabel(ns, name)] = &v
 		}

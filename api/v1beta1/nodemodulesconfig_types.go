@@ -151,8 +151,10 @@ type NodeModuleStatus struct {
 	// +optional
 	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
 
-	// State of the pair.
-	State ModuleState `json:"state"`
+	// State of the pair. Always set by kmm; empty only in an entry upstream KMM left, which kmm
+	// adopts or decides on at first sight (docs/migration.md).
+	// +optional
+	State ModuleState `json:"state,omitempty"`
 
 	// Reason is a short CamelCase explanation of the state.
 	// +optional

@@ -422,7 +422,7 @@ func stripNode(obj any) (any, error) {
 
 // setupControllers registers the Module→NMC and NMC controllers.
 func setupControllers(mgr ctrl.Manager, o Options) error {
-	module := &controllers.ModuleReconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("kmm-module")}
+	module := &controllers.ModuleReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder("kmm-module")}
 	if err := module.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the Module controller: %w", err)
 	}

@@ -1,0 +1,321 @@
+package controllers
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/fsm"
+)
+
+// A switch from upstream Kernel Module Management (docs/migration.md, issue 18) leaves objects kmm
+// takes over here: NMC spec entries whose fields upstream's manager owns (spec.modules as one
+// atomic list, in upstream's schema), upstream's NMC labels, its worker pods with their finalizer,
+// and its finalizer on Modules. The decision about what is loaded is fsm's (fsm/adopt.go).
+
+const (
+	// UpstreamModuleFinalizer is upstream KMM's finalizer on Modules; kmm releases it with its own.
+	UpstreamModuleFinalizer = "kmm.node.kubernetes.io/module-finalizer"
+	// upstreamWorkerActionLabel marks upstream KMM's worker pods (Load or Unload).
+	upstreamWorkerActionLabel = "kmm.node.kubernetes.io/worker-action"
+	// upstreamModuleNameLabel names the Module of an upstream worker pod (in the pod's namespace).
+	upstreamModuleNameLabel = "kmm.node.kubernetes.io/module.name"
+	// upstreamNMCLabelPrefix and the suffixes below are upstream's per-Module labels on NMCs.
+	upstreamNMCLabelPrefix = "beta.kmm.node.kubernetes.io/"
+	// takeoverManager is the field manager of the takeover patch. It may co-own fields of the
+	// entries it rewrote, so entries of a taken-over NMC are removed by a patch (syncTakenOver).
+	takeoverManager = "kmm-takeover"
+	// TakenOverAnnotation marks an NMC a takeover patch rewrote (docs/migration.md).
+	TakenOverAnnotation = "kmm.sigs.x-k8s.io/taken-over"
+)
+
+var upstreamNMCLabelSuffixes = []string{".module-configured", ".module-in-use"}
+
+// fieldManager is the field manager of a Module's NMC entries.
+func fieldManager(namespace, name string) string {
+	return "kmm-module/" + namespace + "/" + name
+}
+
+// appliedBy says whether manager applied (server-side) something of the NMC.
+func appliedBy(nmc *kmmv1beta1.NodeModulesConfig, manager string) bool {
+	if nmc == nil {
+		return false
+	}
+	for _, mf := range nmc.ManagedFields {
+		if mf.Manager == manager && mf.Operation == metav1.ManagedFieldsOperationApply && mf.Subresource == "" {
+			return true
+		}
+	}
+	return false
+}
+
+// kmmManaged says whether a managedFields entry is kmm's own: a Module's apply, the takeover patch,
+// or any status write (the status is rewritten whole by the NMC controller, so its ownership
+// matters to no one).
+func kmmManaged(mf metav1.ManagedFieldsEntry) bool {
+	return mf.Subresource == "status" || mf.Manager == takeoverManager ||
+		(strings.HasPrefix(mf.Manager, "kmm-module/") && mf.Operation == metav1.ManagedFieldsOperationApply)
+}
+
+// foreignOwned says whether someone else than kmm owns fields of the NMC's spec or metadata:
+// upstream's manager after a switch, or a "before-first-apply" the API server made of them.
+func foreignOwned(nmc *kmmv1beta1.NodeModulesConfig) bool {
+	if nmc == nil {
+		return false
+	}
+	for _, mf := range nmc.ManagedFields {
+		if !kmmManaged(mf) {
+			return true
+		}
+	}
+	return false
+}
+
+// upstreamNMCLabel says whether an NMC label is one of upstream's per-Module labels.
+func upstreamNMCLabel(key string) bool {
+	if !strings.HasPrefix(key, upstreamNMCLabelPrefix) {
+		return false
+	}
+	for _, s := range upstreamNMCLabelSuffixes {
+		if strings.HasSuffix(key, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// needsTakeover says, from the cache (which strips managedFields), whether the Module's entry on
+// nmc may not be kmm's yet: upstream KMM's record of the Module is still undecided, or upstream's
+// labels for it are still on the NMC. takeOverNeeded then decides from the NMC as stored.
+func needsTakeover(nmc *kmmv1beta1.NodeModulesConfig, m *kmmv1beta1.Module) bool {
+	if nmc.SpecEntry(m.Namespace, m.Name) == nil {
+		return false
+	}
+	if st := nmc.StatusEntry(m.Namespace, m.Name); st != nil && st.State == "" && st.Config != nil && len(st.Transitions) == 0 {
+		return true
+	}
+	for _, s := range upstreamNMCLabelSuffixes {
+		if _, ok := nmc.Labels[upstreamNMCLabelPrefix+m.Namespace+"."+m.Name+s]; ok {
+			return true
+		}
+	}
+	return false
+}
+
+// takenOver says whether a takeover patch ever rewrote the NMC: some of its entries' fields may then
+// be owned by other managers than their Module's, so entries are removed by a patch, not by apply.
+func takenOver(nmc *kmmv1beta1.NodeModulesConfig) bool {
+	return nmc != nil && nmc.Annotations[TakenOverAnnotation] != ""
+}
+
+// takeOverNeeded says, from the NMC as stored, whether the Module's entry needs the takeover patch:
+// its manager did not apply it, or a foreign manager still owns fields of the NMC (upstream's atomic
+// ownership of spec.modules makes entry removals fail).
+func takeOverNeeded(nmc *kmmv1beta1.NodeModulesConfig, m *kmmv1beta1.Module) bool {
+	return !appliedBy(nmc, fieldManager(m.Namespace, m.Name)) || foreignOwned(nmc)
+}
+
+// syncTakenOver writes the Module's entry (nil: removes it) on a node whose NMC may hold what
+// upstream KMM left: it reads the NMC as stored (managedFields included), patches it when
+// takeOverNeeded (or to remove an entry), then applies the entry so that its manager owns it.
+func (r *ModuleReconciler) syncTakenOver(ctx context.Context, nodeName string, n *corev1.Node, m *kmmv1beta1.Module, e *kmmv1beta1.NodeModuleSpec) error {
+	reader := r.APIReader
+	if reader == nil {
+		reader = r.Client
+	}
+	fresh := &kmmv1beta1.NodeModulesConfig{}
+	if err := reader.Get(ctx, client.ObjectKey{Name: nodeName}, fresh); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if e == nil || takeOverNeeded(fresh, m) {
+		if err := r.takeOver(ctx, fresh, m, e); err != nil {
+			return err
+		}
+	}
+	if e == nil {
+		return nil
+	}
+	return r.applyEntry(ctx, n, m, e)
+}
+
+// takeOver rewrites the Module's entry on the NMC as kmm decided it (nil: removes it) with one JSON
+// merge patch guarded by the resourceVersion, which also drops every foreign managedFields entry and
+// upstream's NMC labels. A patch replaces the entry whole, so nothing upstream put in it stays (a
+// server-side apply would leave fields no one owns); the Module's apply that follows takes
+// ownership of the entry, so that its later applies, and its removal, work as for any kmm entry.
+func (r *ModuleReconciler) takeOver(ctx context.Context, nmc *kmmv1beta1.NodeModulesConfig, m *kmmv1beta1.Module, e *kmmv1beta1.NodeModuleSpec) error {
+	modules := make([]kmmv1beta1.NodeModuleSpec, 0, len(nmc.Spec.Modules))
+	for _, cur := range nmc.Spec.Modules {
+		if cur.Namespace == m.Namespace && cur.Name == m.Name {
+			if e != nil {
+				modules = append(modules, *e)
+			}
+			continue
+		}
+		modules = append(modules, cur)
+	}
+	kept := []metav1.ManagedFieldsEntry{}
+	for _, mf := range nmc.ManagedFields {
+		if kmmManaged(mf) {
+			kept = append(kept, mf)
+		}
+	}
+	if !slices.ContainsFunc(kept, func(mf metav1.ManagedFieldsEntry) bool { return mf.Manager == takeoverManager }) {
+		// The takeover's own entry, owning the annotation it sets: managedFields are never left
+		// empty, else the next apply would give every field to a "before-first-apply" manager, and
+		// an entry that manager co-owns would outlive its Module.
+		now := metav1.Now()
+		kept = append(kept, metav1.ManagedFieldsEntry{Manager: takeoverManager, Operation: metav1.ManagedFieldsOperationUpdate,
+			APIVersion: kmmv1beta1.GroupVersion.String(), Time: &now, FieldsType: "FieldsV1",
+			FieldsV1: metav1.NewFieldsV1(`{"f:metadata":{"f:annotations":{".":{},"f:` + TakenOverAnnotation + `":{}}}}`)})
+	}
+	labelPatch := map[string]any{}
+	for k := range nmc.Labels {
+		if upstreamNMCLabel(k) {
+			labelPatch[k] = nil
+		}
+	}
+	meta := map[string]any{"resourceVersion": nmc.ResourceVersion, "managedFields": kept,
+		"annotations": map[string]any{TakenOverAnnotation: "true"}}
+	if len(labelPatch) > 0 {
+		meta["labels"] = labelPatch
+	}
+	data, err := json.Marshal(map[string]any{"metadata": meta, "spec": map[string]any{"modules": modules}})
+	if err != nil {
+		return err
+	}
+	target := &kmmv1beta1.NodeModulesConfig{ObjectMeta: metav1.ObjectMeta{Name: nmc.Name}}
+	if err := r.Client.Patch(ctx, target, client.RawPatch(types.MergePatchType, data), client.FieldOwner(takeoverManager)); err != nil {
+		return fmt.Errorf("taking over the NMC entry of %s/%s on %s: %w", m.Namespace, m.Name, nmc.Name, err)
+	}
+	return nil
+}
+
+// upstreamWorkers lists upstream KMM's worker pods on a node (uncached: kmm's cache holds only its
+// own pods). It is called only for nodes with a record upstream left.
+func upstreamWorkers(ctx context.Context, reader client.Reader, node string) ([]corev1.Pod, error) {
+	req, err := labels.NewRequirement(upstreamWorkerActionLabel, selection.Exists, nil)
+	if err != nil {
+		return nil, err
+	}
+	pods := &corev1.PodList{}
+	if err := reader.List(ctx, pods, client.MatchingLabelsSelector{Selector: labels.NewSelector().Add(*req)}); err != nil {
+		return nil, err
+	}
+	var out []corev1.Pod
+	for _, p := range pods.Items {
+		if p.Spec.NodeName == node {
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}
+
+// upstreamWorkerKey is the module key of an upstream worker pod.
+func upstreamWorkerKey(p *corev1.Pod) string {
+	name := p.Labels[upstreamModuleNameLabel]
+	if name == "" {
+		// Upstream names its worker pods kmm-worker-<node>-<module>.
+		name = strings.TrimPrefix(p.Name, "kmm-worker-"+p.Spec.NodeName+"-")
+	}
+	return p.Namespace + "/" + name
+}
+
+// releaseUpstreamWorker removes the finalizers of a finished upstream worker pod and deletes it:
+// upstream is not there to do it, and the pod's outcome is in upstream's record already (a pod
+// that never reported leaves a record kmm does not adopt, so the module is loaded again).
+func releaseUpstreamWorker(ctx context.Context, c client.Client, p *corev1.Pod) error {
+	if len(p.Finalizers) > 0 {
+		data, _ := json.Marshal(map[string]any{"metadata": map[string]any{"finalizers": nil, "resourceVersion": p.ResourceVersion}})
+		if err := c.Patch(ctx, p, client.RawPatch(types.MergePatchType, data)); err != nil {
+			return ignoreGone(err)
+		}
+	}
+	if p.DeletionTimestamp == nil {
+		return ignoreGone(c.Delete(ctx, p, client.Preconditions{UID: &p.UID}))
+	}
+	return nil
+}
+
+// hasForeignRecord says whether an NMC has a status entry upstream KMM left (a config, no state).
+func hasForeignRecord(nmc *kmmv1beta1.NodeModulesConfig) bool {
+	for i := range nmc.Status.Modules {
+		if st := &nmc.Status.Modules[i]; st.State == "" && st.Config != nil && len(st.Transitions) == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// gatherUpstream fills in, for a node with a record upstream left, which pairs still have a running
+// upstream worker pod, and releases the finished ones (their outcome is in upstream's record, or
+// missing from it, which kmm does not adopt).
+func (r *NMCReconciler) gatherUpstream(ctx context.Context, f *nodeFacts) error {
+	if !hasForeignRecord(f.nmc) || r.APIReader == nil {
+		return nil
+	}
+	fresh := &kmmv1beta1.NodeModulesConfig{}
+	if err := r.APIReader.Get(ctx, client.ObjectKey{Name: f.nmc.Name}, fresh); err != nil {
+		return err
+	}
+	f.appliedByKMM = map[string]bool{}
+	for _, e := range fresh.Spec.Modules {
+		f.appliedByKMM[e.Namespace+"/"+e.Name] = appliedBy(fresh, fieldManager(e.Namespace, e.Name))
+	}
+	pods, err := upstreamWorkers(ctx, r.APIReader, f.nmc.Name)
+	if err != nil {
+		return fmt.Errorf("listing upstream KMM's worker pods: %w", err)
+	}
+	f.upstreamWorkers = map[string]bool{}
+	for i := range pods {
+		p := &pods[i]
+		if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
+			f.upstreamWorkers[upstreamWorkerKey(p)] = true // still running: its pair waits
+			continue
+		}
+		if err := releaseUpstreamWorker(ctx, r.Client, p); err != nil {
+			return fmt.Errorf("releasing upstream KMM's worker pod %s/%s: %w", p.Namespace, p.Name, err)
+		}
+	}
+	return nil
+}
+
+// devicePluginReadyLabelled says whether the node carries the pair's device-plugin-ready label: the
+// module is loaded and a device plugin pod is Ready there (or the pair was adopted, see below).
+func devicePluginReadyLabelled(f *nodeFacts, o pairOutcome) bool {
+	return o.result.Plan.Ready && (f.dpReady[o.key] || keepAdoptedDevicePluginLabel(f, o))
+}
+
+// keepAdoptedDevicePluginLabel says whether an adopted pair keeps the device-plugin-ready label
+// upstream KMM set: upstream's device plugin pods (not in kmm's cache) still serve the node until
+// kmm's own has a pod there, so the label is never removed only to be set again.
+func keepAdoptedDevicePluginLabel(f *nodeFacts, o pairOutcome) bool {
+	ns, name, _ := strings.Cut(o.key, "/")
+	_, has := f.node.Labels[kmmv1beta1.DevicePluginReadyLabel(ns, name)]
+	st := o.result.Status
+	return has && st != nil && st.Reason == string(fsm.Adopted) && !f.dpRunning[o.key]
+}
+
+// undecidedForeign says whether the pair is a record upstream KMM left that kmm has not decided on
+// yet, and if so drops its labels from desired: they stay as upstream set them.
+func undecidedForeign(o pairOutcome, desired map[string]*string) bool {
+	st := o.result.Status
+	if st == nil || st.State != "" {
+		return false
+	}
+	ns, name, _ := strings.Cut(o.key, "/")
+	for _, l := range []string{kmmv1beta1.ReadyLabel(ns, name), kmmv1beta1.VersionReadyLabel(ns, name), kmmv1beta1.DevicePluginReadyLabel(ns, name)} {
+		delete(desired, l)
+	}
+	return true
+}
