@@ -34,8 +34,8 @@ FUZZ_TARGETS := ./fsm:FuzzModel:30000x ./fsm:FuzzLabelKeys:20000x ./internal/ker
 TEST_PACKAGES := kmod gcc
 # Debian packages `make test-vm` needs besides the kernel, which it downloads into bin/vm-cache/.
 VM_TEST_PACKAGES := qemu-system-x86 kmod
-# Debian packages of `make e2e`'s real node (docs/e2e.md).
-E2E_PACKAGES := containerd runc containernetworking-plugins iptables conntrack
+# Debian packages of `make e2e`: the real node's (docs/e2e.md), and gcc and kmod for its kmod images.
+E2E_PACKAGES := containerd runc containernetworking-plugins iptables conntrack kmod gcc
 # The e2e cluster's folder; a failed run keeps its logs in bin/e2e/failed-<time>.
 E2E_DIR := $(BIN)/e2e/run
 # Which e2e tests run (go test -run).
@@ -96,8 +96,9 @@ test-vm: ## Boot a Debian kernel under qemu (TCG) and check that the real worker
 
 # The trap undoes the cluster's host side effects when the test dies without its own teardown (a
 # `go test -timeout` panic runs no deferred function); after a clean teardown it finds nothing to do.
+# TestKMM runs `make images` for this machine's platform itself and installs with bin/kustomize.
 .PHONY: e2e
-e2e: $(CONTROL_PLANE) $(BIN)/kubelet ## Bring up a real node (kubelet, containerd, runc) on a local control plane and test it (test/e2e, as root; docs/e2e.md).
+e2e: $(CONTROL_PLANE) $(BIN)/kubelet $(KUSTOMIZE) ## Run kmm from its own images, installed from config/, on a real node (kubelet, containerd, runc) of a local control plane (test/e2e, as root; docs/e2e.md).
 	@test/scripts/ensure-packages.sh $(E2E_PACKAGES)
 	go build -o $(BIN)/e2e-cleanup ./test/e2e/cleanup
 	trap '$(BIN)/e2e-cleanup $(E2E_DIR)' EXIT; go test -tags e2e -count=1 -timeout 15m -v -run '$(E2E_RUN)' ./test/e2e/

@@ -35,10 +35,12 @@ var sysctls = []string{
 // hostPaths are created by the daemons or the pods whatever their flags say: the CNI result cache
 // (libcni's default), the runc shims' sockets (/run/containerd/s), the device plugin socket
 // directory (a constant of the kubelet), the container log links, and what kmm's worker pods mount
-// (cache and firmware). Cleanup removes those that did not exist before Start.
+// (cache, firmware, and /lib/modules, which containerd creates as an empty directory for a hostPath
+// volume whose path is missing, as on this host: a worker pod of a real node's shape run here shows
+// as a changed host). Cleanup removes those that did not exist before Start.
 var hostPaths = []string{
 	"/var/lib/cni", "/run/containerd", "/var/lib/kubelet", "/var/log/containers", "/var/log/pods",
-	"/opt/containerd", "/run/netns", "/var/lib/kmm", contract.DefaultFirmwareHostPath,
+	"/opt/containerd", "/run/netns", "/var/lib/kmm", contract.DefaultFirmwareHostPath, "/lib/modules",
 }
 
 // daemonBinaries are the executables Cleanup may stop: only processes running one of them whose

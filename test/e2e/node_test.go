@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"text/tabwriter"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -22,83 +21,17 @@ import (
 
 	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/test/e2e"
-	kmmenvtest "github.com/kmm-project/kmm/test/envtest"
 )
-
-// timings is the table the test prints at the end.
-type timings struct {
-	rows  [][2]string
-	start time.Time
-}
-
-func (tm *timings) add(step string, since time.Time) {
-	tm.rows = append(tm.rows, [2]string{step, fmt.Sprintf("%.1f s", time.Since(since).Seconds())})
-}
-
-func (tm *timings) print() {
-	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	_, _ = fmt.Fprintln(w, "STEP\tTIME")
-	for _, r := range tm.rows {
-		_, _ = fmt.Fprintf(w, "%s\t%s\n", r[0], r[1])
-	}
-	_, _ = fmt.Fprintf(w, "total\t%.1f s\n", time.Since(tm.start).Seconds())
-	_ = w.Flush()
-}
-
-// startCluster starts the cluster in bin/e2e/run and registers its teardown: on failure (or with
-// KMM_E2E_KEEP set) the folder, with the daemons' and the pods' logs, moves to bin/e2e/failed-<time>.
-func startCluster(t *testing.T, tm *timings) *e2e.Cluster {
-	root, err := kmmenvtest.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := filepath.Join(root, "bin", "e2e", "run")
-	if err := e2e.Cleanup(dir); err != nil { // a run that died there
-		t.Fatal(err)
-	}
-	if err := os.RemoveAll(dir); err != nil {
-		t.Fatal(err)
-	}
-	keep := func() {
-		failed := filepath.Join(root, "bin", "e2e", "failed-"+time.Now().Format("20060102-150405"))
-		if err := os.Rename(dir, failed); err != nil {
-			t.Errorf("keeping the logs: %v", err)
-			return
-		}
-		t.Logf("logs of the failed run: %s (logs/: daemons, pod-logs/: containers)", failed)
-	}
-	start := time.Now()
-	c, err := e2e.Start(context.Background(), dir, e2e.Options{})
-	if err != nil {
-		keep()
-		t.Fatalf("starting the cluster: %v", err)
-	}
-	tm.add("bring-up: registry, control plane, containerd, kubelet registered", start)
-	t.Cleanup(func() {
-		start := time.Now()
-		if err := c.Stop(); err != nil {
-			t.Errorf("teardown: %v", err)
-		}
-		tm.add("teardown, host checked clean", start)
-		if t.Failed() || os.Getenv("KMM_E2E_KEEP") != "" {
-			keep()
-		} else if err := os.RemoveAll(dir); err != nil {
-			t.Errorf("removing %s: %v", dir, err)
-		}
-		tm.print()
-	})
-	return c
-}
 
 // TestRealNode checks what kmm needs from a real node: it goes Ready; a pod shaped like kmm's
 // worker pod (controllers/workerpod.go: SYS_MODULE only, read-only root, the config through the
 // downward API, hostPath mounts, the termination message) and its firmware variant (privileged)
 // run from the local registry to Succeeded with their report as the termination message; a
 // hostNetwork pod (as the operator runs here) reaches the API server with its service-account
-// token; a DaemonSet with a node selector (as kmm's device plugin) follows the node label.
+// token; a DaemonSet with a node selector (as kmm's device plugin) follows the node label. That
+// Stop leaves the host as Start found it is checked once the last test is done (TestMain).
 func TestRealNode(t *testing.T) {
-	tm := &timings{start: time.Now()}
-	c := startCluster(t, tm)
+	c := cluster(t)
 	ctx := context.Background()
 	cs := c.Clientset()
 
