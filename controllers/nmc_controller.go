@@ -46,7 +46,11 @@ type NMCReconciler struct {
 	// WorkerDryRunSandbox makes every worker pod a dry run against this host directory
 	// (WorkerPodOptions.DryRunSandbox): for hosts whose kernel cannot load modules.
 	WorkerDryRunSandbox string
-	BackOff             fsm.BackOff
+	// FirmwareHostPath and LeaveFirmwareClassPath are the firmware settings of every worker pod
+	// (WorkerPodOptions).
+	FirmwareHostPath       string
+	LeaveFirmwareClassPath bool
+	BackOff                fsm.BackOff
 	// WorkerTimeout is how long a worker pod may run before the pair fails it (0: fsm.DefaultWorkerTimeout).
 	WorkerTimeout time.Duration
 	// MaxConcurrentReconciles may be above 1: each NMC is one node, so reconciles never share state
@@ -414,7 +418,8 @@ func ignoreGone(err error) error {
 }
 
 func (r *NMCReconciler) createWorker(ctx context.Context, node, key string, in *fsm.WorkerIntent) error {
-	pod, err := WorkerPod(node, WorkerPodOptions{Image: r.WorkerImage, DryRunSandbox: r.WorkerDryRunSandbox}, in)
+	pod, err := WorkerPod(node, WorkerPodOptions{Image: r.WorkerImage, DryRunSandbox: r.WorkerDryRunSandbox,
+		FirmwareHostPath: r.FirmwareHostPath, LeaveFirmwareClassPath: r.LeaveFirmwareClassPath}, in)
 	if err != nil {
 		r.expected().refusedCreate(node, key, fsm.CreateRefusal{Action: in.Action, Attempt: in.Attempt, Message: err.Error()})
 		return fmt.Errorf("building the %s worker pod for %s on %s: %w", in.Action, key, node, err)

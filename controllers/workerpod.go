@@ -21,7 +21,8 @@ import (
 const (
 	// CacheHostPath keeps pulled kmod images across pods (and reboots).
 	CacheHostPath = "/var/lib/kmm/cache"
-	// FirmwareHostPath is where firmware is installed on the node.
+	// FirmwareHostPath is where firmware is installed on the node unless WorkerPodOptions says
+	// otherwise.
 	FirmwareHostPath = contract.DefaultFirmwareHostPath
 	pullSecretDir    = "/var/run/kmm/pull-secret" //nolint:gosec // G101: a mount path, not a credential
 	// SandboxMountPath is where a dry-run worker pod sees its sandbox (WorkerPodOptions.DryRunSandbox).
@@ -41,6 +42,22 @@ type WorkerPodOptions struct {
 	// that a load is recorded against the boot it happened in. It is for hosts whose kernel cannot
 	// load modules (demos, CI): the pod spec is otherwise the one a real node runs.
 	DryRunSandbox string
+	// FirmwareHostPath is the node directory firmware is copied to ("" → FirmwareHostPath,
+	// /var/lib/firmware, writable on image-based OSes; upstream KMM installs to /lib/firmware, a
+	// kernel default search path).
+	FirmwareHostPath string
+	// LeaveFirmwareClassPath keeps the worker from writing FirmwareHostPath to
+	// /sys/module/firmware_class/parameters/path (needed unless the directory is one the kernel
+	// searches by default, such as /lib/firmware).
+	LeaveFirmwareClassPath bool
+}
+
+// firmwareHostPath is the node directory firmware goes to.
+func (o WorkerPodOptions) firmwareHostPath() string {
+	if o.FirmwareHostPath == "" {
+		return FirmwareHostPath
+	}
+	return o.FirmwareHostPath
 }
 
 // WorkerPodName is the deterministic name of a pair's worker pod: at most one exists per pair
@@ -56,7 +73,7 @@ func WorkerPod(node string, o WorkerPodOptions, in *fsm.WorkerIntent) (*corev1.P
 	cfg := contract.Config{Namespace: e.Namespace, Name: e.Name, Config: e.Config}
 	firmware := e.Config.Modprobe.FirmwarePath != ""
 	if firmware {
-		cfg.SetFirmwareClassPath, cfg.FirmwareHostPath = true, FirmwareHostPath
+		cfg.SetFirmwareClassPath, cfg.FirmwareHostPath = !o.LeaveFirmwareClassPath, o.firmwareHostPath()
 	}
 	data, err := json.Marshal(cfg)
 	if err != nil {
@@ -91,9 +108,9 @@ func WorkerPod(node string, o WorkerPodOptions, in *fsm.WorkerIntent) (*corev1.P
 				TerminationMessagePolicy: corev1.TerminationMessageReadFile,
 				SecurityContext:          workerSecurityContext(firmware),
 				Resources:                workerResources,
-				VolumeMounts:             workerMounts(e, firmware, o.DryRunSandbox != ""),
+				VolumeMounts:             workerMounts(e, firmware, o.DryRunSandbox != "", o.firmwareHostPath()),
 			}},
-			Volumes: workerVolumes(e, firmware, o.DryRunSandbox),
+			Volumes: workerVolumes(e, firmware, o.DryRunSandbox, o.firmwareHostPath()),
 		},
 	}
 	return pod, nil
@@ -142,7 +159,7 @@ func workerLabels(node string, e *kmmv1beta1.NodeModuleSpec, action fsm.WorkerAc
 	}
 }
 
-func workerMounts(e *kmmv1beta1.NodeModuleSpec, firmware, sandbox bool) []corev1.VolumeMount {
+func workerMounts(e *kmmv1beta1.NodeModuleSpec, firmware, sandbox bool, firmwareDir string) []corev1.VolumeMount {
 	m := []corev1.VolumeMount{
 		{Name: "config", MountPath: path.Dir(contract.ConfigFile), ReadOnly: true},
 		{Name: "cache", MountPath: CacheHostPath},
@@ -159,12 +176,12 @@ func workerMounts(e *kmmv1beta1.NodeModuleSpec, firmware, sandbox bool) []corev1
 		m = append(m, corev1.VolumeMount{Name: "sandbox", MountPath: SandboxMountPath},
 			corev1.VolumeMount{Name: "boot-id", MountPath: path.Join(SandboxMountPath, bootIDPath), ReadOnly: true})
 	case firmware:
-		m = append(m, corev1.VolumeMount{Name: "firmware", MountPath: FirmwareHostPath})
+		m = append(m, corev1.VolumeMount{Name: "firmware", MountPath: firmwareDir})
 	}
 	return m
 }
 
-func workerVolumes(e *kmmv1beta1.NodeModuleSpec, firmware bool, sandbox string) []corev1.Volume {
+func workerVolumes(e *kmmv1beta1.NodeModuleSpec, firmware bool, sandbox, firmwareDir string) []corev1.Volume {
 	dirOrCreate := corev1.HostPathDirectoryOrCreate
 	// hostDir is a host directory of the node, or of the sandbox standing for it.
 	hostDir := func(p string) string { return path.Join(sandbox, p) }
@@ -192,7 +209,7 @@ func workerVolumes(e *kmmv1beta1.NodeModuleSpec, firmware bool, sandbox string) 
 			corev1.Volume{Name: "sandbox", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: sandbox, Type: &dirOrCreate}}},
 			corev1.Volume{Name: "boot-id", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: bootIDPath, Type: &file}}})
 	case firmware:
-		v = append(v, corev1.Volume{Name: "firmware", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: FirmwareHostPath, Type: &dirOrCreate}}})
+		v = append(v, corev1.Volume{Name: "firmware", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: firmwareDir, Type: &dirOrCreate}}})
 	}
 	return v
 }

@@ -176,3 +176,33 @@ func TestObserveWorkerReadsTheResult(t *testing.T) {
 		t.Fatalf("an evicted pod without a result: %+v", w.Result)
 	}
 }
+
+// TestWorkerPodFirmwareSettings: the firmware directory and whether the class path is written are
+// operator settings (upstream KMM installs to /lib/firmware and leaves the class path alone).
+func TestWorkerPodFirmwareSettings(t *testing.T) {
+	pod, err := WorkerPod("n", WorkerPodOptions{Image: "img", FirmwareHostPath: "/lib/firmware", LeaveFirmwareClassPath: true}, intent("/firmware", false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := contract.ParseConfig([]byte(pod.Annotations[contract.AnnotationConfig]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.SetFirmwareClassPath || cfg.FirmwareHostPath != "/lib/firmware" {
+		t.Fatalf("config %+v: want /lib/firmware and the class path left alone", cfg)
+	}
+	var mounted, volume string
+	for _, m := range pod.Spec.Containers[0].VolumeMounts {
+		if m.Name == "firmware" {
+			mounted = m.MountPath
+		}
+	}
+	for _, v := range pod.Spec.Volumes {
+		if v.Name == "firmware" && v.HostPath != nil {
+			volume = v.HostPath.Path
+		}
+	}
+	if mounted != "/lib/firmware" || volume != "/lib/firmware" {
+		t.Fatalf("firmware mounted at %q from host %q, want /lib/firmware for both", mounted, volume)
+	}
+}

@@ -84,6 +84,11 @@ type Options struct {
 	// kernel cannot load modules, such as demos and CI. Never on a cluster whose nodes should load
 	// anything: a dry run loads nothing and still reports Loaded.
 	WorkerDryRunSandbox string
+	// FirmwareHostPath is the node directory worker pods copy firmware to; SetFirmwareClassPath
+	// makes them write it to /sys/module/firmware_class/parameters/path (not needed for a directory
+	// the kernel searches by default, such as /lib/firmware).
+	FirmwareHostPath     string
+	SetFirmwareClassPath bool
 	// NMCConcurrency is how many nodes the NMC controller reconciles at once.
 	NMCConcurrency int
 	// DisableControllers runs only the webhook (for tests of admission alone).
@@ -111,6 +116,10 @@ func DefaultOptions() Options {
 		WorkerImage:    "kmm-worker:dev",
 		NMCConcurrency: 16,
 		BackOff:        fsm.DefaultBackOff,
+		// kmm's default suits image-based OSes where /lib is read-only; upstream KMM's is
+		// --firmware-host-path=/lib/firmware --set-firmware-class-path=false.
+		FirmwareHostPath:     controllers.FirmwareHostPath,
+		SetFirmwareClassPath: true,
 	}
 }
 
@@ -138,9 +147,22 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.Certs.CheckInterval, "cert-check-interval", o.Certs.CheckInterval, "How often kmm checks whether the certificate must be replaced.")
 	fs.StringVar(&o.WorkerImage, "worker-image", o.WorkerImage, "Image of the worker pods that load and unload modules.")
 	fs.StringVar(&o.WorkerDryRunSandbox, "worker-dry-run-sandbox", o.WorkerDryRunSandbox, "Absolute host directory: worker pods run modprobe in dry-run mode against it (their host paths below it) and load nothing. Only for hosts whose kernel cannot load modules (demos, CI).")
+	fs.StringVar(&o.FirmwareHostPath, "firmware-host-path", o.FirmwareHostPath, "Node directory worker pods copy a Module's firmware to (upstream KMM: /lib/firmware).")
+	fs.BoolVar(&o.SetFirmwareClassPath, "set-firmware-class-path", o.SetFirmwareClassPath, "Worker pods write firmware-host-path to /sys/module/firmware_class/parameters/path when they load a module with firmware (not needed for /lib/firmware).")
 	fs.IntVar(&o.NMCConcurrency, "nmc-concurrency", o.NMCConcurrency, "Nodes the NMC controller reconciles concurrently.")
 	fs.DurationVar(&o.BackOff.Base, "worker-backoff", o.BackOff.Base, "Wait after a first worker failure; it doubles with each further failure.")
 	fs.DurationVar(&o.BackOff.Max, "worker-backoff-max", o.BackOff.Max, "Longest wait between worker retries.")
+}
+
+// validateHostPaths checks the node directories worker pods use.
+func (o *Options) validateHostPaths() error {
+	if s := o.FirmwareHostPath; !path.IsAbs(s) || path.Clean(s) == "/" {
+		return fmt.Errorf("firmware-host-path must be an absolute host directory other than /, got %q", s)
+	}
+	if s := o.WorkerDryRunSandbox; s != "" && (!path.IsAbs(s) || path.Clean(s) == "/") {
+		return fmt.Errorf("worker-dry-run-sandbox must be an absolute host directory other than /, got %q", s)
+	}
+	return nil
 }
 
 // Validate reports options that cannot work.
@@ -154,8 +176,8 @@ func (o *Options) Validate() error {
 	if o.WorkerImage == "" || o.NMCConcurrency < 1 {
 		return fmt.Errorf("worker-image must be set and nmc-concurrency at least 1, got %q and %d", o.WorkerImage, o.NMCConcurrency)
 	}
-	if s := o.WorkerDryRunSandbox; s != "" && (!path.IsAbs(s) || path.Clean(s) == "/") {
-		return fmt.Errorf("worker-dry-run-sandbox must be an absolute host directory other than /, got %q", s)
+	if err := o.validateHostPaths(); err != nil {
+		return err
 	}
 	if o.DisableWebhook {
 		return nil
@@ -433,6 +455,8 @@ func setupControllers(mgr ctrl.Manager, o Options) error {
 		Clock:                   clock.RealClock{},
 		WorkerImage:             o.WorkerImage,
 		WorkerDryRunSandbox:     o.WorkerDryRunSandbox,
+		FirmwareHostPath:        o.FirmwareHostPath,
+		LeaveFirmwareClassPath:  !o.SetFirmwareClassPath,
 		BackOff:                 o.BackOff,
 		MaxConcurrentReconciles: o.NMCConcurrency,
 	}
