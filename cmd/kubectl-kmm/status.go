@@ -17,6 +17,10 @@ import (
 // yet (the NMC controller has not decided on it); its state is Absent, as the state machine counts it.
 const reasonPending = "Pending"
 
+// reasonUpstream is the reason status shows for a record upstream KMM left and kmm has not taken
+// over yet.
+const reasonUpstream = "UpstreamRecord"
+
 // PairRow is one (node, module) pair as `status` shows it; `status -o json` prints a list of them.
 // The JSON field names are a stable contract for scripts.
 type PairRow struct {
@@ -109,6 +113,11 @@ func nodeRows(nmc *kmmv1beta1.NodeModulesConfig, filter moduleFilter, now time.T
 
 func fillStatus(r *PairRow, st *kmmv1beta1.NodeModuleStatus, now time.Time) {
 	r.State, r.Reason, r.Message, r.Attempts = string(st.State), st.Reason, st.Message, st.Attempts
+	if st.State == "" {
+		// A record upstream KMM left that kmm has not taken over yet (docs/migration.md); once it
+		// has, the pair shows Loaded with reason Adopted, or the state the normal rules gave it.
+		r.State, r.Reason, r.Message = string(kmmv1beta1.StateAbsent), reasonUpstream, "recorded by upstream KMM, not taken over yet"
+	}
 	if !st.LastTransitionTime.IsZero() {
 		t := st.LastTransitionTime.UTC()
 		r.Since, r.Age = &t, age(t, now)
