@@ -167,7 +167,9 @@ type ModuleLoaderContainerSpec struct {
 	ContainerImage string `json:"containerImage,omitempty"`
 
 	// ImagePullPolicy of the kmod image: Always pulls even when the digest-keyed cache has a copy.
-	// +kubebuilder:validation:Enum=Always;IfNotPresent;Never
+	// A CEL rule rather than an enum: a schema error would stop the CEL rules, and the API server
+	// would add "some validation rules were not checked" to the user's message.
+	// +kubebuilder:validation:XValidation:rule="self in ['Always', 'IfNotPresent', 'Never']",message="imagePullPolicy must be Always, IfNotPresent or Never"
 	// +optional
 	ImagePullPolicy corev1.PullPolicy `json:"imagePullPolicy,omitempty"`
 
@@ -222,7 +224,7 @@ type DevicePluginContainerSpec struct {
 	Image string `json:"image"`
 
 	// ImagePullPolicy of the device plugin image.
-	// +kubebuilder:validation:Enum=Always;IfNotPresent;Never
+	// +kubebuilder:validation:XValidation:rule="self in ['Always', 'IfNotPresent', 'Never']",message="imagePullPolicy must be Always, IfNotPresent or Never"
 	// +optional
 	ImagePullPolicy corev1.PullPolicy `json:"imagePullPolicy,omitempty"`
 
