@@ -75,7 +75,11 @@ func leaveAsUpstream(t *testing.T, tb *testbed.Bed, u upstreamNode) {
 	if err := k8s.Patch(ctx, nmc, client.RawPatch(types.MergePatchType, data)); err != nil {
 		t.Fatal(err)
 	}
-	cluster.SetNodeLabel(t, u.name, kmmv1beta1.ReadyLabel(ns, name), "")
+	// The ready label's value is empty (testbed.SetNodeLabel would delete it).
+	ready, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]string{kmmv1beta1.ReadyLabel(ns, name): ""}}})
+	if err := k8s.Patch(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: u.name}}, client.RawPatch(types.MergePatchType, ready)); err != nil {
+		t.Fatal(err)
+	}
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "kmm-worker-" + u.name + "-" + name,
 		Labels:     map[string]string{"kmm.node.kubernetes.io/worker-action": "Load", "kmm.node.kubernetes.io/module.name": name},
 		Finalizers: []string{"kmm.node.kubernetes.io/nodemodulesconfig-reconciler"}},
@@ -167,7 +171,16 @@ func TestTakeoverFromUpstream(t *testing.T) {
 	for _, n := range tb.Nodes {
 		leaveAsUpstream(t, tb, upstreamNode{name: n, entry: decidedEntry(t, tb, m, n, testbed.KernelA), bootID: node.BootID(n), loaded: true})
 	}
-	time.Sleep(500 * time.Millisecond) // the watches see the labels before kmm comes
+	testbed.Eventually(t, 5*time.Second, func() (bool, string) { // the watch saw the labels before kmm comes
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		for _, n := range tb.Nodes {
+			if !w.hasLabel[n] {
+				return false, "the ready label on " + n
+			}
+		}
+		return true, ""
+	})
 	start := time.Now()
 	cluster.StartOperator(t)
 	// The NMC controller meets upstream's records before the Module controller rewrote a single
