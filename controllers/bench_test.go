@@ -47,10 +47,11 @@ func BenchmarkNoOpReconcile10Modules(b *testing.B) {
 				b.Fatal(o.key, o.result.Fired)
 			}
 		}
-		if err := r.writeStatus(ctx, f, outcomes); err != nil {
+		labels := labelChanges(f, outcomes)
+		if err := r.writeStatus(ctx, f, outcomes, len(labels) > 0); err != nil {
 			b.Fatal(err)
 		}
-		if err := r.patchLabels(ctx, f, outcomes); err != nil {
+		if err := r.patchLabels(ctx, f, labels); err != nil {
 			b.Fatal(err)
 		}
 		if d := requeueAfter(outcomes); d != 0 {

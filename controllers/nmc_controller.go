@@ -158,13 +158,14 @@ func (r *NMCReconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	if err := r.writeStatus(ctx, f, outcomes); err != nil {
+	labels := labelChanges(f, outcomes)
+	if err := r.writeStatus(ctx, f, outcomes, len(labels) > 0); err != nil {
 		// A conflict means the NMC changed since it was read: the error requeues with back-off and the
 		// next reconcile decides on fresh facts.
 		return ctrl.Result{}, err
 	}
 	r.record(f, outcomes)
-	if err := r.execute(ctx, f, outcomes, log); err != nil {
+	if err := r.execute(ctx, f, outcomes, labels, log); err != nil {
 		return ctrl.Result{}, err
 	}
 	if err := r.deleteIfEmpty(ctx, f); err != nil {
@@ -312,18 +313,23 @@ func pairKeys(f *nodeFacts) []string {
 	return keys
 }
 
-// writeStatus writes the NMC status once when it changed, or when a pod is about to be created (a
-// write with the read resourceVersion proves the decision was made on fresh data).
-func (r *NMCReconciler) writeStatus(ctx context.Context, f *nodeFacts, outcomes []pairOutcome) error {
+// writeStatus writes the NMC status once when it changed, or when the reconcile is about to act on
+// what the decision read: create a pod, change the node's labels (relabels), cordon, drain or
+// uncordon. A write with the read resourceVersion proves the decision was made on fresh data: from a
+// cache that lags the last status write, a decision would otherwise put back the ready label of a
+// pair that is already unloading, and the device plugin with it (found by the rapid model of
+// issue 19).
+func (r *NMCReconciler) writeStatus(ctx context.Context, f *nodeFacts, outcomes []pairOutcome, relabels bool) error {
 	next := make([]kmmv1beta1.NodeModuleStatus, 0, len(outcomes))
-	creates := false
+	acts := relabels
 	for _, o := range outcomes {
 		if o.result.Status != nil {
 			next = append(next, *o.result.Status)
 		}
-		creates = creates || o.result.Plan.CreateWorker != nil
+		p := o.result.Plan
+		acts = acts || p.CreateWorker != nil || p.Drain != nil || p.Uncordon
 	}
-	if semantic.Equal(&next, &f.nmc.Status.Modules) && !creates {
+	if semantic.Equal(&next, &f.nmc.Status.Modules) && !acts {
 		return nil
 	}
 	nmc := f.writableNMC()
@@ -371,11 +377,11 @@ func observeFinishedPod(p *corev1.Pod, w fsm.Worker) {
 }
 
 // execute carries out the plans: node labels, finished pods, new pods.
-func (r *NMCReconciler) execute(ctx context.Context, f *nodeFacts, outcomes []pairOutcome, log logr.Logger) error {
+func (r *NMCReconciler) execute(ctx context.Context, f *nodeFacts, outcomes []pairOutcome, labels map[string]any, log logr.Logger) error {
 	// A failed label patch does not hold back the rest: the pods and the drain go on, and the
 	// error requeues the node.
 	var errs []error
-	if err := r.patchLabels(ctx, f, outcomes); err != nil {
+	if err := r.patchLabels(ctx, f, labels); err != nil {
 		errs = append(errs, fmt.Errorf("labelling node %s: %w", f.node.Name, err))
 	}
 	setDrainGauge(f.node.Name, outcomes)
@@ -439,9 +445,9 @@ func (r *NMCReconciler) createWorker(ctx context.Context, node, key string, in *
 	return nil
 }
 
-// patchLabels sets the ready and version.ready labels of every pair as planned, and removes the
-// others of known Modules; it writes only when something changes.
-func (r *NMCReconciler) patchLabels(ctx context.Context, f *nodeFacts, outcomes []pairOutcome) error {
+// labelChanges are the node label changes that set the ready and version.ready labels of every pair
+// as planned and remove the others of known Modules (empty when nothing changes).
+func labelChanges(f *nodeFacts, outcomes []pairOutcome) map[string]any {
 	desired := map[string]*string{}
 	for _, key := range ownedStateLabels(f.node.Labels, f.moduleKeys, pairKeys(f)) {
 		desired[key] = nil
@@ -470,6 +476,11 @@ func (r *NMCReconciler) patchLabels(ctx context.Context, f *nodeFacts, outcomes 
 			patch[key] = want
 		}
 	}
+	return patch
+}
+
+// patchLabels writes the node label changes, when there are any.
+func (r *NMCReconciler) patchLabels(ctx context.Context, f *nodeFacts, patch map[string]any) error {
 	if len(patch) == 0 {
 		return nil
 	}

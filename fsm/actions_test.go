@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sync"
 	"time"
 
 	"pgregory.net/rapid"
@@ -434,16 +435,26 @@ func (w *world) allPodsRunning() bool {
 // from there (as an operator upgrade to a broken version would), so that a counterexample is the
 // steps the broken controllers take.
 func (s startingWorld) start(cfg *worldConfig, f faults) *world {
-	w := newWorld(cfg, faults{})
-	s.build(w)
-	if len(w.violations) > 0 {
-		panic(fmt.Sprintf("starting world %q: %v", s.name, w.violations))
+	key := fmt.Sprintf("%s|%+v", s.name, *cfg)
+	built, ok := startingWorldsBuilt.Load(key)
+	if !ok {
+		w := newWorld(cfg, faults{})
+		s.build(w)
+		if len(w.violations) > 0 {
+			panic(fmt.Sprintf("starting world %q: %v", s.name, w.violations))
+		}
+		w.history = nil
+		w.remember()
+		built, _ = startingWorldsBuilt.LoadOrStore(key, w)
 	}
-	w.faults, w.fired = f, nil
-	w.history = nil
-	w.remember()
+	w := built.(*world).clone()
+	w.cfg, w.faults, w.fired = cfg, f, nil
 	return w
 }
+
+// startingWorldsBuilt keeps each starting world built once per configuration (building one settles
+// a world; rapid starts thousands of interleavings from them). They are only cloned, never changed.
+var startingWorldsBuilt sync.Map
 
 // startingWorlds are the worlds rapid's interleavings start from.
 var startingWorlds = []startingWorld{rootFresh, rootAllLoaded, rootLoadsFailing, rootReloading, rootUnloading, rootUpgradeAsked, rootUpgrading}

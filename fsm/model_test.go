@@ -77,6 +77,7 @@ type faults struct {
 	cordonForgotten           bool // the drain's record does not remember that kmm cordoned the node
 	rolloutIgnoresInProgress  bool // the rollout does not count nodes it started and that are not done
 	rolloutDoneIgnoresCordon  bool // the rollout does not count a done node that is still cordoned (upgrade.planRollout's rule)
+	onlyCreatesCheckFreshness bool // a reconcile whose status did not change relabels, cordons and drains unchecked (before issue 19)
 }
 
 type simNode struct {
@@ -608,15 +609,19 @@ func (w *world) applyNMCFaults(f *Facts) {
 	}
 }
 
-// writeStatus writes the NMC status with optimistic concurrency. A pod is only created after a
-// successful write (a no-op write still checks the resourceVersion), so a stale snapshot never acts.
+// writeStatus writes the NMC status with optimistic concurrency. The reconcile acts on the world (a
+// pod, a label, a cordon, a drain) only after a successful write (a no-op write still checks the
+// resourceVersion), so a stale snapshot never acts.
 func (w *world) writeStatus(node string, rv int, old, next map[string]kmmv1beta1.NodeModuleStatus, plans map[string]Plan) bool {
-	creates := false
-	for _, p := range plans {
-		creates = creates || p.CreateWorker != nil
+	acts := false
+	for key, p := range plans {
+		acts = acts || p.CreateWorker != nil
+		if !w.faults.onlyCreatesCheckFreshness {
+			acts = acts || p.Drain != nil || p.Uncordon || w.relabels(node, key, p)
+		}
 	}
 	changed := !semantic.Equal(&old, &next)
-	if !changed && !creates {
+	if !changed && !acts {
 		return true
 	}
 	nmc := w.nmcs[node]
@@ -628,6 +633,15 @@ func (w *world) writeStatus(node string, rv int, old, next map[string]kmmv1beta1
 		w.writeNMC(node).status = next
 	}
 	return true
+}
+
+// relabels says whether the plan changes the node's ready or version.ready label of the pair.
+func (w *world) relabels(node, key string, p Plan) bool {
+	labels := w.nodes[node].labels
+	ns, name := splitKey(key)
+	_, ready := labels[kmmv1beta1.ReadyLabel(ns, name)]
+	v, versioned := labels[kmmv1beta1.VersionReadyLabel(ns, name)]
+	return ready != p.Ready || versioned != (p.VersionReady != "") || v != p.VersionReady
 }
 
 // execute carries out a pair's plan: node labels, the drain, finished-pod deletion, pod creation.
@@ -852,7 +866,7 @@ func (w *world) reconcileRollout() {
 			if !w.faults.rolloutIgnoresInProgress {
 				unavailable++
 			}
-		case (!sn.ready || sn.cordoned) && !(done && w.faults.rolloutDoneIgnoresCordon):
+		case (!sn.ready || sn.cordoned) && (!done || !w.faults.rolloutDoneIgnoresCordon):
 			unavailable++
 		case !done:
 			candidates = append(candidates, n)

@@ -241,3 +241,32 @@ func TestRolloutCountsADoneNodeStillCordoned(t *testing.T) {
 		}
 	}
 }
+
+// TestStaleReconcileDoesNotRelabel scripts the interleaving rapid found: a reconcile from a cache
+// three writes old decides that a pair is Loaded, which changes nothing in that (stale) status, and
+// puts the ready label back while the pair is unloading; the device plugin DaemonSet follows, beside
+// the running unload pod (invariant 6). The status write, with its resourceVersion check, must come
+// before any relabel, not only before a pod (the fault onlyCreatesCheckFreshness is the old rule).
+func TestStaleReconcileDoesNotRelabel(t *testing.T) {
+	for _, fault := range []bool{false, true} {
+		cfg := rapidConfig(false)
+		w := rootAllLoaded.start(&cfg, faults{onlyCreatesCheckFreshness: fault})
+		steps := []func(){
+			func() { w.modules[modPlain].gen++; w.reconcileModule(modPlain) }, // a new image: spec changed
+			func() { w.reconcileNMC("n0", 0) },                                // DevicePluginDraining, the ready label goes
+			func() { w.reconcileDaemonSets("n0") },                            // the device plugin pod goes
+			func() { w.reconcileNMC("n0", 0) },                                // Unloading, the unload pod runs
+			func() { w.reconcileNMC("n0", 3) },                                // from the cache of before the edit: Loaded
+			func() { w.reconcileDaemonSets("n0") },                            // the device plugin comes back if the label did
+		}
+		for _, step := range steps {
+			step()
+			w.remember()
+			w.check()
+		}
+		caught := strings.Contains(strings.Join(w.violations, "\n"), "invariant 6")
+		if caught != fault {
+			t.Errorf("only creates check freshness %v: invariant 6 violated %v; violations %v; %s", fault, caught, w.violations, w.summary())
+		}
+	}
+}
