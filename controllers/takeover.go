@@ -209,7 +209,9 @@ func upstreamWorkers(ctx context.Context, reader client.Reader, node string) ([]
 		return nil, err
 	}
 	pods := &corev1.PodList{}
-	if err := reader.List(ctx, pods, client.MatchingLabelsSelector{Selector: labels.NewSelector().Add(*req)}); err != nil {
+	// spec.nodeName is a field selector the API server answers for pods: one node's pods, not all.
+	if err := reader.List(ctx, pods, client.MatchingLabelsSelector{Selector: labels.NewSelector().Add(*req)},
+		client.MatchingFields{"spec.nodeName": node}); err != nil {
 		return nil, err
 	}
 	var out []corev1.Pod
