@@ -270,3 +270,30 @@ func TestStaleReconcileDoesNotRelabel(t *testing.T) {
 		}
 	}
 }
+
+// TestOpenFindingBumpDuringRolloutStalls documents an open finding rapid made (docs/evidence.md):
+// with an automatic rollout, a second version bump while a node is on its way to the first (and
+// another node cordoned, so that the rollout cannot retarget it at once) leaves that node's label at
+// the first version, kmm's own cordon on it and its spec entry at the old version; the rollout, which
+// never starts a cordoned node, stalls for good once the other cordon is lifted. The model does not bump then
+// (bumpStallsTheRollout); when this test fails, the stall is fixed: remove that guard and this test.
+func TestOpenFindingBumpDuringRolloutStalls(t *testing.T) {
+	cfg := rapidConfig(true)
+	w := rootFresh.start(&cfg, faults{})
+	w.catchUp()
+	w.catchUp()
+	w.bumpVersion()               // v2
+	w.catchUp()                   // the rollout starts n0
+	w.bumpVersion()               // v3, while n0 is on its way to v2
+	w.nodes["n1"].cordoned = true // the user cordons n1: the budget is used up, n0 keeps its v2 label
+	w.reconcileLabels("n0")
+	w.finishPod(w.livePod("n0", modVersion), true)
+	w.catchUp() // n0 drains for v2, cordoned by kmm
+	w.remember()
+	w.settle(maxSettleRounds)
+	w.check()
+	w.checkConverged()
+	if !strings.Contains(strings.Join(w.violations, "\n"), "kmm's cordon of n0") {
+		t.Fatalf("the stall is gone (violations %v): remove bumpStallsTheRollout and this test; %s", w.violations, w.summary())
+	}
+}
