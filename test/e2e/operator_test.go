@@ -377,16 +377,21 @@ func testLoad(t *testing.T, k *kmmEnv) {
 	if st.BootID != k.bootID {
 		t.Errorf("the status records boot ID %q, the node's is %q", st.BootID, k.bootID)
 	}
-	labels := k.nodeLabels(t)
-	for key, want := range map[string]string{
-		kmmv1beta1.ReadyLabel(kmmNamespace, modKmod):             "",
-		kmmv1beta1.VersionReadyLabel(kmmNamespace, modKmod):      "v1",
-		kmmv1beta1.DevicePluginReadyLabel(kmmNamespace, modKmod): "",
-	} {
-		if got, ok := labels[key]; !ok || got != want {
-			t.Errorf("node label %s = %q (set %v), want %q", key, got, ok, want)
+	// The device-plugin-ready label follows the device plugin pod's Ready condition: the NMC
+	// controller sets it on the reconcile that pod event causes, a moment after the pod is Ready.
+	poll.Until(t, 30*time.Second, 200*time.Millisecond, func() (bool, string) {
+		labels := k.nodeLabels(t)
+		for key, want := range map[string]string{
+			kmmv1beta1.ReadyLabel(kmmNamespace, modKmod):             "",
+			kmmv1beta1.VersionReadyLabel(kmmNamespace, modKmod):      "v1",
+			kmmv1beta1.DevicePluginReadyLabel(kmmNamespace, modKmod): "",
+		} {
+			if got, ok := labels[key]; !ok || got != want {
+				return false, fmt.Sprintf("node label %s = %q (set %v), want %q", key, got, ok, want)
+			}
 		}
-	}
+		return true, ""
+	})
 	k.waitNoWorkerPod(t, modKmod)
 
 	// The worker pod, as the watch saw it: the worker image, in dry-run mode, Succeeded with the
