@@ -9,6 +9,8 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 
+	"github.com/kmm-project/kmm/internal/registry"
+
 	"github.com/kmm-project/kmm/contract"
 )
 
@@ -84,6 +86,9 @@ func describePullError(err error) string {
 	if errors.As(err, &uerr) || errors.As(err, &herr) || errors.As(err, &cerr) || strings.Contains(err.Error(), "x509:") {
 		return "TLS certificate of the registry not trusted (registryTLS.insecureSkipTLSVerify skips the check)"
 	}
+	if strings.Contains(err.Error(), "does not match") {
+		return "the registry served content that does not match its digest (refused)"
+	}
 	var terr *transport.Error
 	if errors.As(err, &terr) {
 		switch {
@@ -111,4 +116,25 @@ func hasDiagnostic(terr *transport.Error, codes ...transport.ErrorCode) bool {
 		}
 	}
 	return false
+}
+
+// endpointFailure is what one endpoint of a pull answered.
+type endpointFailure struct {
+	ep  registry.Endpoint
+	err error
+}
+
+// pullFailure classifies a pull that no endpoint served. With the origin alone the message is
+// pullError's; with mirrors it names every host tried, in order, with the kind of each failure,
+// and wraps the last error.
+func pullFailure(image string, fails []endpointFailure) error {
+	if len(fails) == 1 && !fails[0].ep.Mirror && fails[0].ep.Source == "" {
+		return pullError(image, fails[0].err)
+	}
+	parts := make([]string, 0, len(fails))
+	for _, f := range fails {
+		parts = append(parts, fmt.Sprintf("%s: %s", f.ep, describePullError(f.err)))
+	}
+	last := fails[len(fails)-1].err
+	return &Error{Reason: contract.ReasonImagePull, Err: fmt.Errorf("pulling %s: no host served it, tried in order: %s; last error: %w", image, strings.Join(parts, "; "), last)}
 }

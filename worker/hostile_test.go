@@ -221,7 +221,7 @@ func TestAnUnfinishedExtractionIsNotTrusted(t *testing.T) {
 
 func mustRef(t *testing.T, ref string) string {
 	t.Helper()
-	reg, err := newRegistryClient(context.Background(), testConfig(ref).Config, staticKeychain{}, nil, DefaultMaxManifestBytes)
+	reg, err := newRegistryClient(context.Background(), testConfig(ref).Config, pullSettings{kc: staticKeychain{}, maxManifest: DefaultMaxManifestBytes})
 	if err != nil {
 		t.Fatal(err)
 	}

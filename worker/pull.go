@@ -3,9 +3,9 @@ package worker
 import (
 	"context"
 	"crypto/sha256"
-	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -23,6 +23,7 @@ import (
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/contract"
+	"github.com/kmm-project/kmm/internal/registry"
 )
 
 // dockerConfig is the content of a pull secret: a .dockerconfigjson ({"auths": {...}}) or a legacy
@@ -88,13 +89,31 @@ func registryHost(key string) string {
 	return key
 }
 
-// registryClient talks to the image's registry with the config's TLS settings and credentials.
+// registryClient pulls the image from the endpoints the registry configuration gives for it
+// (mirrors, then the origin), with the TLS settings and credentials of each.
 type registryClient struct {
+	// ref is the image as the Module names it (the cache records tags under this name).
+	ref       name.Reference
+	endpoints []endpointClient
+}
+
+// endpointClient is one endpoint of the plan with its reference and options.
+type endpointClient struct {
+	ep   registry.Endpoint
 	ref  name.Reference
 	opts []remote.Option
 }
 
-func newRegistryClient(ctx context.Context, mc kmmv1beta1.ModuleConfig, kc authn.Keychain, base http.RoundTripper, maxManifest int64) (*registryClient, error) {
+// pullSettings are the registry configuration, trust and credentials of a run.
+type pullSettings struct {
+	sources     registry.Sources
+	trust       registry.Trust
+	kc          authn.Keychain
+	base        http.RoundTripper
+	maxManifest int64
+}
+
+func newRegistryClient(ctx context.Context, mc kmmv1beta1.ModuleConfig, ps pullSettings) (*registryClient, error) {
 	var nameOpts []name.Option
 	if mc.RegistryTLS.Insecure {
 		nameOpts = append(nameOpts, name.Insecure)
@@ -103,76 +122,116 @@ func newRegistryClient(ctx context.Context, mc kmmv1beta1.ModuleConfig, kc authn
 	if err != nil {
 		return nil, &Error{Reason: contract.ReasonImagePull, Err: fmt.Errorf("invalid image reference %q: %w", mc.ContainerImage, err)}
 	}
-	return &registryClient{ref: ref, opts: []remote.Option{
-		remote.WithContext(ctx),
-		remote.WithAuthFromKeychain(kc),
-		remote.WithTransport(manifestLimiter{base: transportFor(mc.RegistryTLS, base), max: maxManifest}),
-		remote.WithPlatform(v1.Platform{OS: "linux", Architecture: runtime.GOARCH}),
-		remote.WithUserAgent("kmm-worker"),
-	}}, nil
-}
-
-// transportFor returns the HTTP transport for the registry: base (or go-containerregistry's
-// default) with certificate verification off when insecureSkipTLSVerify is set.
-func transportFor(tlsOpts kmmv1beta1.TLSOptions, base http.RoundTripper) http.RoundTripper {
+	eps, err := registry.PlanFor(ps.sources, ref, registry.ModuleTLS{Insecure: mc.RegistryTLS.Insecure, SkipVerify: mc.RegistryTLS.InsecureSkipTLSVerify})
+	if err != nil {
+		return nil, &Error{Reason: contract.ReasonImagePull, Err: fmt.Errorf("pulling %s: %w", mc.ContainerImage, err)}
+	}
+	base := ps.base
 	if base == nil {
 		base = registryTransport()
 	}
-	t, ok := base.(*http.Transport)
-	if !ok || !tlsOpts.InsecureSkipTLSVerify {
-		return base
-	}
-	t = t.Clone()
-	if t.TLSClientConfig == nil {
-		t.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
-	}
-	t.TLSClientConfig.InsecureSkipVerify = true // #nosec G402 -- the Module asked for it with registryTLS.insecureSkipTLSVerify
-	return t
-}
-
-// head resolves the reference to a digest with one manifest HEAD request.
-func (r *registryClient) head() (v1.Hash, error) {
-	desc, err := remote.Head(r.ref, r.opts...)
-	if err != nil {
-		return v1.Hash{}, pullError(r.ref.String(), err)
-	}
-	return desc.Digest, nil
-}
-
-// headDigest checks with one manifest HEAD request that the credentials may pull the digest d
-// from the reference's repository.
-func (r *registryClient) headDigest(d v1.Hash) error {
-	if _, err := remote.Head(r.ref.Context().Digest(d.String()), r.opts...); err != nil {
-		return pullError(r.ref.String(), err)
-	}
-	return nil
-}
-
-// accessIdentity names who asks for an image: the Module's namespace, the registry and the
-// credentials the keychain gives for it (hashed; anonymous counts as credentials too).
-func accessIdentity(namespace string, reg name.Registry, kc authn.Keychain) string {
-	var cred []byte
-	if auth, err := kc.Resolve(reg); err == nil {
-		if ac, err := auth.Authorization(); err == nil {
-			cred, _ = json.Marshal(ac)
+	rc := &registryClient{ref: ref}
+	for _, ep := range eps {
+		epRef, err := ep.Reference(ref)
+		if err == nil {
+			var t http.RoundTripper
+			if t, err = ep.Transport(base, ps.trust); err == nil {
+				rc.endpoints = append(rc.endpoints, endpointClient{ep: ep, ref: epRef, opts: []remote.Option{
+					remote.WithContext(ctx),
+					remote.WithAuthFromKeychain(ps.kc),
+					remote.WithTransport(manifestLimiter{base: t, max: ps.maxManifest}),
+					remote.WithPlatform(v1.Platform{OS: "linux", Architecture: runtime.GOARCH}),
+					remote.WithUserAgent("kmm-worker"),
+				}})
+			}
+		}
+		if err != nil {
+			return nil, &Error{Reason: contract.ReasonImagePull, Err: fmt.Errorf("pulling %s from %s: %w", mc.ContainerImage, ep, err)}
 		}
 	}
-	sum := sha256.Sum256([]byte(namespace + "\x00" + reg.RegistryStr() + "\x00" + string(cred)))
-	return hex.EncodeToString(sum[:])
+	return rc, nil
 }
 
-// get fetches the manifest and returns the digest the reference resolves to and the image (the
-// platform's image of an index).
+// try runs op against each endpoint in order until one succeeds. A limit error stops at once
+// (the image, not the endpoint, is the problem); otherwise the error names every host tried.
+func (r *registryClient) try(op func(endpointClient) error) error {
+	var fails []endpointFailure
+	for _, e := range r.endpoints {
+		err := op(e)
+		if err == nil {
+			return nil
+		}
+		var le *limitError
+		if errors.As(err, &le) {
+			return pullError(r.ref.String(), err)
+		}
+		fails = append(fails, endpointFailure{ep: e.ep, err: err})
+	}
+	return pullFailure(r.ref.String(), fails)
+}
+
+// head resolves the reference to a digest with one manifest HEAD request per endpoint tried.
+func (r *registryClient) head() (v1.Hash, error) {
+	var d v1.Hash
+	err := r.try(func(e endpointClient) error {
+		desc, err := remote.Head(e.ref, e.opts...)
+		if err == nil {
+			d = desc.Digest
+		}
+		return err
+	})
+	return d, err
+}
+
+// headDigest checks with a manifest HEAD request that the credentials may pull the digest d
+// from the reference's repository (at the first endpoint that answers for it).
+func (r *registryClient) headDigest(d v1.Hash) error {
+	return r.try(func(e endpointClient) error {
+		desc, err := remote.Head(e.ref.Context().Digest(d.String()), e.opts...)
+		if err == nil && desc.Digest != d {
+			return fmt.Errorf("the registry answered for %s with digest %s", d, desc.Digest)
+		}
+		return err
+	})
+}
+
+// accessIdentity names who asks for an image: the Module's namespace, the image's registry and,
+// for every endpoint that may serve it, the repository and the credentials the keychain gives for
+// it (hashed; anonymous counts as credentials too).
+func accessIdentity(namespace string, reg *registryClient, kc authn.Keychain) string {
+	h := sha256.New()
+	_, _ = fmt.Fprintf(h, "%s\x00%s", namespace, reg.ref.Context().RegistryStr())
+	for _, e := range reg.endpoints {
+		var cred []byte
+		if auth, err := kc.Resolve(e.ref.Context()); err == nil {
+			if ac, err := auth.Authorization(); err == nil {
+				cred, _ = json.Marshal(ac)
+			}
+		}
+		_, _ = fmt.Fprintf(h, "\x00%s\x00%s", e.ref.Context().Name(), cred)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// get fetches the manifest from the first endpoint that serves it and returns the digest the
+// reference resolves to and the image (the platform's image of an index). The layers come from
+// the same endpoint. go-containerregistry verifies a digest reference's manifest and every
+// layer's digest, whatever host served them.
 func (r *registryClient) get() (v1.Hash, v1.Image, error) {
-	desc, err := remote.Get(r.ref, r.opts...)
-	if err != nil {
-		return v1.Hash{}, nil, pullError(r.ref.String(), err)
-	}
-	img, err := desc.Image()
-	if err != nil {
-		return v1.Hash{}, nil, pullError(r.ref.String(), err)
-	}
-	return desc.Digest, img, nil
+	var d v1.Hash
+	var img v1.Image
+	err := r.try(func(e endpointClient) error {
+		desc, err := remote.Get(e.ref, e.opts...)
+		if err != nil {
+			return err
+		}
+		if img, err = desc.Image(); err != nil {
+			return err
+		}
+		d = desc.Digest
+		return nil
+	})
+	return d, img, err
 }
 
 // Transport timeouts: a registry that does not accept the connection, finish the TLS handshake or

@@ -20,6 +20,7 @@ import (
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/contract"
+	"github.com/kmm-project/kmm/internal/registry"
 )
 
 // Options configure a Worker.
@@ -28,8 +29,13 @@ type Options struct {
 	CacheDir string
 	// Keychain gives registry credentials; nil means anonymous (see ReadKeychain).
 	Keychain authn.Keychain
-	// Transport is the base HTTP transport to registries; nil means go-containerregistry's default.
+	// Transport is the base HTTP transport to registries; nil means go-containerregistry's default
+	// with the timeouts of registryTransport.
 	Transport http.RoundTripper
+	// Registries name the registry configuration files (mirrors, blocked registries) to honour.
+	Registries registry.Sources
+	// Trust names the CA bundles and certs.d directories trusted beside the system's roots.
+	Trust registry.Trust
 	// MaxExtractBytes caps the file bytes extracted from one image; 0 means DefaultMaxExtractBytes.
 	MaxExtractBytes int64
 	// Limits bound the rest of the work on one image; zero fields mean their defaults.
@@ -165,12 +171,15 @@ type fetched struct {
 // digest is unknown (or imagePullPolicy is Always), the entry is missing, or this Module's
 // credentials have not yet proven access to the digest (see cachedFor).
 func (w *Worker) fetch(ctx context.Context, namespace string, mc kmmv1beta1.ModuleConfig) (fetched, error) {
-	reg, err := newRegistryClient(ctx, mc, w.opts.Keychain, w.opts.Transport, w.opts.Limits.MaxManifestBytes)
+	reg, err := newRegistryClient(ctx, mc, pullSettings{
+		sources: w.opts.Registries, trust: w.opts.Trust, kc: w.opts.Keychain,
+		base: w.opts.Transport, maxManifest: w.opts.Limits.MaxManifestBytes,
+	})
 	if err != nil {
 		return fetched{}, err
 	}
 	c, key := cache{dir: w.opts.CacheDir, staleAfter: 2 * w.opts.Timeout}, extractKey(mc)
-	id := accessIdentity(namespace, reg.ref.Context().Registry, w.opts.Keychain)
+	id := accessIdentity(namespace, reg, w.opts.Keychain)
 	d, known, err := knownDigest(reg, c, mc.ImagePullPolicy)
 	if err != nil {
 		return fetched{}, err

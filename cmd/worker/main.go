@@ -5,7 +5,13 @@
 //	       [--host-root <dir>] [--termination-log <file>] [--dry-run] [--modprobe <path>]
 //	       [--timeout <duration>] [--max-extract-bytes <n>] [--max-image-bytes <n>]
 //	       [--max-tar-bytes <n>] [--cache-budget-bytes <n>] [--cache-max-age <duration>]
+//	       [--containerd-config-path <dir>] [--registries-conf <file>]... [--operator-registries-conf <file>]...
+//	       [--ca-bundle <file>]... [--certs-dir <dir>]...
 //	       [--log-level <level>] [--log-console]
+//
+// The registry flags name the configuration the node's container runtime pulls with (containerd's
+// config_path, CRI-O's registries.conf, certs.d directories) and the operator's own
+// (registries.conf, CA bundle); docs/registries.md says how the worker chooses where to pull from.
 //
 // --timeout (default 4m, contract.DefaultTimeout) bounds the whole run: pull, extraction, firmware
 // and modprobe. A run that reaches it still writes a Result: ImagePull ("timed out after …") when
@@ -33,6 +39,7 @@ import (
 
 	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/internal/logging"
+	"github.com/kmm-project/kmm/internal/registry"
 	"github.com/kmm-project/kmm/worker"
 )
 
@@ -69,6 +76,27 @@ type flags struct {
 	dryRun         bool
 	logLevel       string
 	logConsole     bool
+	registries     registry.Sources
+	trust          registry.Trust
+}
+
+// listFlag is a flag that may be given several times (or once with commas).
+type listFlag struct{ list *[]string }
+
+func (l listFlag) String() string {
+	if l.list == nil {
+		return ""
+	}
+	return strings.Join(*l.list, ",")
+}
+
+func (l listFlag) Set(v string) error {
+	for _, e := range strings.Split(v, ",") {
+		if e != "" {
+			*l.list = append(*l.list, e)
+		}
+	}
+	return nil
 }
 
 // parseFlags reads `load|unload [flags]` (the action may also follow the flags).
@@ -93,6 +121,11 @@ func parseFlags(args []string, errOut io.Writer) (flags, error) {
 	fs.DurationVar(&f.cacheMaxAge, "cache-max-age", worker.DefaultCacheMaxAge, "Cache entries no tag record names are removed after this long unused.")
 	fs.DurationVar(&f.timeout, "timeout", contract.DefaultTimeout, "Deadline of the whole run (pull, extraction, firmware, modprobe); a run that reaches it reports a timed-out result.")
 	fs.BoolVar(&f.dryRun, "dry-run", false, "Run modprobe -n -S <kernel> and treat --host-root as a sandbox directory (which must not be /).")
+	fs.StringVar(&f.registries.ContainerdConfigPath, "containerd-config-path", "", "containerd's config_path (<dir>/<registry>/hosts.toml): mirrors, CAs and TLS settings of the node's registries.")
+	fs.Var(listFlag{&f.registries.NodeRegistriesConf}, "registries-conf", "The node's registries.conf (v2: mirrors, blocked and insecure registries); repeatable. A missing file is skipped.")
+	fs.Var(listFlag{&f.registries.OperatorRegistriesConf}, "operator-registries-conf", "registries.conf from the operator, consulted before the node's files; repeatable. A missing file is skipped.")
+	fs.Var(listFlag{&f.trust.BundleFiles}, "ca-bundle", "PEM file of CA certificates trusted for every registry beside the system's; repeatable. A missing file is skipped.")
+	fs.Var(listFlag{&f.trust.CertsDirs}, "certs-dir", "certs.d directory (<dir>/<host[:port]>/*.crt trusted for that host); repeatable.")
 	fs.StringVar(&f.logLevel, "log-level", "info", "Log level: debug, info, warn or error.")
 	fs.BoolVar(&f.logConsole, "log-console", false, "Log human-readable text instead of JSON.")
 
@@ -173,6 +206,8 @@ func execute(ctx context.Context, f flags, log logr.Logger) contract.Result {
 	w, err := worker.New(worker.Options{
 		CacheDir:        f.cacheDir,
 		Keychain:        kc,
+		Registries:      f.registries,
+		Trust:           f.trust,
 		MaxExtractBytes: f.maxBytes,
 		Limits:          worker.Limits{MaxImageBytes: f.maxImageBytes, MaxTarBytes: f.maxTarBytes},
 		Timeout:         f.timeout,

@@ -208,6 +208,11 @@ func mustRead(t *testing.T, f string) string {
 func TestFailuresWriteAClassifiedResult(t *testing.T) {
 	ref, _ := pushKmodImage(t)
 	good := fmt.Sprintf(`{"namespace":"ns","name":"m","config":{"kernelVersion":%q,"containerImage":%q,"modprobe":{"moduleName":"kmm_cmd"}}}`, kernel, ref)
+	blocking := filepath.Join(t.TempDir(), "registries.conf")
+	host, _, _ := strings.Cut(ref, "/")
+	if err := os.WriteFile(blocking, fmt.Appendf(nil, "[[registry]]\nlocation = %q\nblocked = true\n", host), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	cases := map[string]struct {
 		config string
 		extra  []string
@@ -219,6 +224,8 @@ func TestFailuresWriteAClassifiedResult(t *testing.T) {
 		"firmwarePath /":      {strings.Replace(good, `"moduleName":"kmm_cmd"`, `"moduleName":"kmm_cmd","firmwarePath":"/"`, 1), nil, contract.ReasonInvalidConfig, "firmwarePath"},
 		"no credentials":      {good, nil, contract.ReasonImagePull, "authentication failed"},
 		"missing pull secret": {good, []string{"--pull-secret", "/nonexistent/secret"}, contract.ReasonImagePull, "reading the pull secret"},
+		"blocked registry":    {good, []string{"--registries-conf", "/nonexistent.conf," + blocking}, contract.ReasonImagePull, "blocked by " + blocking},
+		"operator's config":   {good, []string{"--operator-registries-conf", blocking, "--ca-bundle", "/nonexistent.crt"}, contract.ReasonImagePull, "blocked by " + blocking},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
