@@ -68,34 +68,55 @@ func TestLoadOnThreeNodes(t *testing.T) {
 	assertLoadEvents(t, tb, m)
 }
 
-// assertLoadEvents checks where the Events of a load went: every NMC has its Loading -> Loaded
-// transition, the Module has its own AllLoaded Event and no per-node success Event.
+// assertLoadEvents checks where the Events of a load went (issue 22: Events off the happy path):
+// no Event per node, one aggregated Event (a series) per transition kind on the Module, and its own
+// AllLoaded Event; every node's Loading -> Loaded is in its NMC's transition log.
 func assertLoadEvents(t *testing.T, tb *testbed.Bed, m *kmmv1beta1.Module) {
 	t.Helper()
+	var moduleEvents *eventsv1.EventList
 	testbed.Eventually(t, 10*time.Second, func() (bool, string) {
-		nmcEvents, moduleEvents := &eventsv1.EventList{}, &eventsv1.EventList{}
-		_ = k8s.List(context.Background(), nmcEvents, client.InNamespace(metav1.NamespaceDefault))
+		moduleEvents = &eventsv1.EventList{}
 		_ = k8s.List(context.Background(), moduleEvents, client.InNamespace(tb.NS))
-		loadedOn := map[string]bool{}
-		for _, e := range nmcEvents.Items {
-			if e.Regarding.Kind == "NodeModulesConfig" && e.Reason == string(fsm.WorkerSucceeded) &&
-				e.Related != nil && e.Related.Name == m.Name && e.Related.Namespace == tb.NS {
-				loadedOn[e.Regarding.Name] = true
-			}
-		}
-		allLoaded := false
+		kinds := map[string]bool{}
 		for _, e := range moduleEvents.Items {
-			if e.Regarding.Kind != "Module" || e.Regarding.Name != m.Name {
-				continue
+			if e.Regarding.Kind == "Module" && e.Regarding.Name == m.Name && e.Type == corev1.EventTypeNormal {
+				kinds[e.Reason+"/"+e.Action] = true
 			}
-			if e.Reason == string(fsm.WorkerSucceeded) {
-				return false, "a per-node success Event on the Module: " + e.Note
-			}
-			allLoaded = allLoaded || (e.Reason == kmmv1beta1.ReasonAllLoaded && e.Type == corev1.EventTypeNormal)
 		}
-		return len(loadedOn) == len(tb.Nodes) && allLoaded,
-			fmt.Sprintf("WorkerSucceeded Events on the NMCs of %v of %d nodes; AllLoaded on the Module: %v", loadedOn, len(tb.Nodes), allLoaded)
+		return kinds["SpecSet/ToLoading"] && kinds["WorkerSucceeded/ToLoaded"] && kinds[kmmv1beta1.ReasonAllLoaded+"/StateChanged"],
+			fmt.Sprintf("Normal Events on the Module: %v", kinds)
 	})
+	perKind := map[string]int{}
+	for _, e := range moduleEvents.Items {
+		if e.Regarding.Kind == "Module" && e.Regarding.Name == m.Name {
+			perKind[e.Reason+"/"+e.Action]++
+		}
+	}
+	for kind, n := range perKind {
+		if n != 1 {
+			t.Errorf("%d Events %s on the Module for %d nodes, want one (a series)", n, kind, len(tb.Nodes))
+		}
+	}
+	nmcEvents := &eventsv1.EventList{}
+	_ = k8s.List(context.Background(), nmcEvents, client.InNamespace(metav1.NamespaceDefault))
+	for _, e := range nmcEvents.Items {
+		if e.Regarding.Kind == "NodeModulesConfig" && e.Related != nil && e.Related.Name == m.Name && e.Related.Namespace == tb.NS {
+			t.Errorf("a per-node Event on the happy path: %s %s %s", e.Regarding.Name, e.Reason, e.Note)
+		}
+	}
+	for _, n := range tb.Nodes {
+		nmc := &kmmv1beta1.NodeModulesConfig{}
+		if err := k8s.Get(context.Background(), client.ObjectKey{Name: n}, nmc); err != nil {
+			t.Fatal(err)
+		}
+		st, logged := nmc.StatusEntry(tb.NS, m.Name), false
+		for _, tr := range st.Transitions {
+			logged = logged || (tr.From == kmmv1beta1.StateLoading && tr.To == kmmv1beta1.StateLoaded && tr.Trigger == string(fsm.WorkerSucceeded))
+		}
+		if !logged {
+			t.Errorf("node %s: no Loading -> Loaded in the NMC's transition log %+v", n, st.Transitions)
+		}
+	}
 }
 
 // assertMetric checks that the operator's registry has a positive sample of the metric with every

@@ -16,10 +16,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/priorityqueue"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
@@ -73,13 +77,6 @@ func (r *NMCReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	byNodeName := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []ctrl.Request {
 		return []ctrl.Request{{NamespacedName: types.NamespacedName{Name: o.GetName()}}}
 	})
-	byPodNode := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []ctrl.Request {
-		r.expected().observed(o.(*corev1.Pod))
-		if n := o.(*corev1.Pod).Spec.NodeName; n != "" {
-			return []ctrl.Request{{NamespacedName: types.NamespacedName{Name: n}}}
-		}
-		return nil
-	})
 	if err := podindex.Register(context.Background(), mgr.GetFieldIndexer()); err != nil {
 		return err
 	}
@@ -87,9 +84,54 @@ func (r *NMCReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Named("nmc").
 		For(&kmmv1beta1.NodeModulesConfig{}).
 		Watches(&corev1.Node{}, byNodeName).
-		Watches(&corev1.Pod{}, byPodNode).
+		Watches(&corev1.Pod{}, handler.WithLowPriorityWhenUnchanged[client.Object, ctrl.Request](podHandler{r: r})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.MaxConcurrentReconciles, 1)}).
 		Complete(r)
+}
+
+// finishPriority is the queue priority of a node whose worker pod has ended (the default is 0).
+const finishPriority = 10
+
+// podHandler enqueues the node of a kmm pod, and a node whose worker pod has ended ahead of the
+// rest: that reconcile finishes a pair (records the result, deletes the pod, sets the ready label),
+// which at scale otherwise waits behind the reconciles that new spec entries cause (issue 22).
+type podHandler struct{ r *NMCReconciler }
+
+type requestQueue = workqueue.TypedRateLimitingInterface[ctrl.Request]
+
+func (h podHandler) Create(_ context.Context, e event.CreateEvent, q requestQueue) {
+	h.add(e.Object, q)
+}
+func (h podHandler) Update(_ context.Context, e event.UpdateEvent, q requestQueue) {
+	h.add(e.ObjectNew, q)
+}
+func (h podHandler) Delete(_ context.Context, e event.DeleteEvent, q requestQueue) {
+	h.add(e.Object, q)
+}
+func (h podHandler) Generic(_ context.Context, e event.GenericEvent, q requestQueue) {
+	h.add(e.Object, q)
+}
+
+func (h podHandler) add(o client.Object, q requestQueue) {
+	p, ok := o.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	h.r.expected().observed(p)
+	if p.Spec.NodeName == "" {
+		return
+	}
+	req := ctrl.Request{NamespacedName: types.NamespacedName{Name: p.Spec.NodeName}}
+	if pq, ok := q.(priorityqueue.PriorityQueue[ctrl.Request]); ok && workerEnded(p) {
+		pq.AddWithOpts(priorityqueue.AddOpts{Priority: ptr.To(finishPriority)}, req)
+		return
+	}
+	q.Add(req)
+}
+
+// workerEnded says whether p is a worker pod that has ended.
+func workerEnded(p *corev1.Pod) bool {
+	return p.Labels[contract.LabelWorker] == "true" && (p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed)
 }
 
 // nodeFacts is everything read for one reconcile. The NMC and the Node are the cache's own
@@ -337,9 +379,11 @@ func (r *NMCReconciler) writeStatus(ctx context.Context, f *nodeFacts, outcomes 
 	return r.Client.Status().Update(ctx, nmc)
 }
 
-// record counts a metric and emits an Event on the NMC for every transition; failures are also
-// reported on the Module, node by node. The Module's other Events are per Module, not per node
-// (see moduleEvent): at 1,000 nodes an Event per node and transition would flood it.
+// record counts a metric for every transition and emits its Event where transitionEventScope puts
+// it: failures, node happenings and a pair's last transition once per node on the NMC (failures on
+// the Module too); the happy path's transitions once per Module, reason and target state, which
+// the event broadcaster folds into one Event series (its count is the number of transitions). The
+// NMC's transition log (kubectl kmm history) keeps every transition of every pair.
 func (r *NMCReconciler) record(f *nodeFacts, outcomes []pairOutcome) {
 	for _, o := range outcomes {
 		var module *kmmv1beta1.Module
@@ -349,20 +393,58 @@ func (r *NMCReconciler) record(f *nodeFacts, outcomes []pairOutcome) {
 		}
 		for _, t := range o.result.Fired {
 			transitionsTotal.WithLabelValues(string(t.From), string(t.To), t.Trigger).Inc()
-			// The message of the step's last transition: the status entry may be gone (nil) when
-			// the pair left the table.
-			note := fmt.Sprintf("%s on %s: %s -> %s (%s)", o.key, f.node.Name, t.From, t.To, o.result.Message)
-			if !fsm.IsFailure(fsm.Trigger(t.Trigger)) {
-				r.Recorder.Eventf(f.nmc, module, corev1.EventTypeNormal, t.Reason, "Transition", note)
+			switch transitionEventScope(t, o.result.Status == nil) {
+			case eventAggregated:
+				note := fmt.Sprintf("%s: %s -> %s (%s) on a node; the series counts them, `kubectl kmm history <node>` lists each",
+					o.key, t.From, t.To, t.Trigger)
+				r.Recorder.Eventf(module, nil, corev1.EventTypeNormal, t.Reason, "To"+string(t.To), note)
 				continue
+			case eventFailure:
+				note := transitionNote(o, f.node.Name, t)
+				r.Recorder.Eventf(f.nmc, module, corev1.EventTypeWarning, t.Reason, "Transition", note)
+				r.Recorder.Eventf(module, f.nmc, corev1.EventTypeWarning, t.Reason, "Transition", note)
+			default:
+				r.Recorder.Eventf(f.nmc, module, corev1.EventTypeNormal, t.Reason, "Transition", transitionNote(o, f.node.Name, t))
 			}
-			r.Recorder.Eventf(f.nmc, module, corev1.EventTypeWarning, t.Reason, "Transition", note)
-			r.Recorder.Eventf(module, f.nmc, corev1.EventTypeWarning, t.Reason, "Transition", note)
 		}
 		if o.pod != nil && o.result.Plan.DeleteWorker {
 			observeFinishedPod(o.pod, o.worker)
 		}
 	}
+}
+
+// transitionNote is the note of a per-node transition Event: the message of the step's last
+// transition (the status entry may be gone, nil, when the pair left the table).
+func transitionNote(o pairOutcome, node string, t kmmv1beta1.Transition) string {
+	return fmt.Sprintf("%s on %s: %s -> %s (%s)", o.key, node, t.From, t.To, o.result.Message)
+}
+
+// eventScope says where a transition's Event goes.
+type eventScope int
+
+const (
+	// eventPerNode: a Normal Event on the NMC, one per transition.
+	eventPerNode eventScope = iota
+	// eventFailure: a Warning Event on the NMC and one on the Module, one per transition.
+	eventFailure
+	// eventAggregated: a Normal Event on the Module, one series per Module, reason and target
+	// state (issue 22: Events off the happy path).
+	eventAggregated
+)
+
+// transitionEventScope decides where the Event of transition t goes; leftTable says the pair has
+// no status entry after the step, so its transition log went with it. Per node: failures, what
+// happened to the node rather than to the Module (a reboot, a kernel change, an adoption from
+// upstream), and a pair's last transition. Aggregated: the rest, the happy path of a load, an
+// unload, a bump and an upgrade, which the pair's transition log keeps.
+func transitionEventScope(t kmmv1beta1.Transition, leftTable bool) eventScope {
+	switch trig := fsm.Trigger(t.Trigger); {
+	case fsm.IsFailure(trig):
+		return eventFailure
+	case leftTable, trig == fsm.NodeRebooted, trig == fsm.KernelChanged, trig == fsm.Adopted:
+		return eventPerNode
+	}
+	return eventAggregated
 }
 
 // observeFinishedPod counts a finished worker pod; w is the pod as ObserveWorker read it.

@@ -34,19 +34,20 @@ func (r *LabelReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if err := podindex.Register(context.Background(), mgr.GetFieldIndexer()); err != nil {
 		return err
 	}
-	byName := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []ctrl.Request {
-		return []ctrl.Request{{NamespacedName: types.NamespacedName{Name: o.GetName()}}}
+	byName := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []ctrl.Request {
+		return r.ifConcerned(ctx, o.GetName())
 	})
-	byPodNode := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []ctrl.Request {
+	byPodNode := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []ctrl.Request {
 		p := o.(*corev1.Pod)
 		if p.Labels[contract.LabelDevicePlugin] == "" || p.Spec.NodeName == "" {
 			return nil
 		}
-		return []ctrl.Request{{NamespacedName: types.NamespacedName{Name: p.Spec.NodeName}}}
+		return r.ifConcerned(ctx, p.Spec.NodeName)
 	})
+	concerned := predicate.NewPredicateFuncs(func(o client.Object) bool { return r.concerns(context.Background(), o.GetLabels()) })
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("version-labels").
-		For(&corev1.Node{}, builder.WithPredicates(labelsChanged())).
+		For(&corev1.Node{}, builder.WithPredicates(labelsChanged(), concerned)).
 		Watches(&kmmv1beta1.NodeModulesConfig{}, byName).
 		Watches(&corev1.Pod{}, byPodNode).
 		// Only spec changes of a Module matter here: its status changes often during a rollout and
@@ -62,15 +63,62 @@ func labelsChanged() predicate.Predicate {
 	}}
 }
 
+// concerns says whether a node with these labels has anything for this controller to do: some
+// Module has a version (its labels may need a step), or the node carries internal version labels
+// (they may be stale). Without either a reconcile patches nothing, so the events of a cluster
+// without versioned Modules (every NMC and ready-label write of a load) enqueue nothing.
+func (r *LabelReconciler) concerns(ctx context.Context, nodeLabels map[string]string) bool {
+	return hasInternalVersionLabel(nodeLabels) || r.anyVersionedModule(ctx)
+}
+
+// hasInternalVersionLabel says whether a node carries an internal version label of any Module.
+func hasInternalVersionLabel(nodeLabels map[string]string) bool {
+	for key := range nodeLabels {
+		if _, ok := kmmv1beta1.ParseInternalVersionLabel(key); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// anyVersionedModule says whether some Module has a version (true when the cache cannot say).
+func (r *LabelReconciler) anyVersionedModule(ctx context.Context) bool {
+	modules := &kmmv1beta1.ModuleList{}
+	if err := r.Client.List(ctx, modules, client.UnsafeDisableDeepCopy); err != nil {
+		return true
+	}
+	for i := range modules.Items {
+		if modules.Items[i].Spec.Version() != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// ifConcerned is the request for the node when concerns says it has something to do.
+func (r *LabelReconciler) ifConcerned(ctx context.Context, nodeName string) []ctrl.Request {
+	n := &corev1.Node{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Name: nodeName}, n, client.UnsafeDisableDeepCopy); err == nil && !r.concerns(ctx, n.Labels) {
+		return nil
+	}
+	return []ctrl.Request{{NamespacedName: types.NamespacedName{Name: nodeName}}}
+}
+
+// nodesOfModule maps a Module to the nodes it selects that concerns passes: every selected node for
+// a Module with a version, only those with internal version labels (which may now be stale) for one
+// without.
 func (r *LabelReconciler) nodesOfModule(ctx context.Context, o client.Object) []ctrl.Request {
 	m := o.(*kmmv1beta1.Module)
 	nodes := &corev1.NodeList{}
-	if err := r.Client.List(ctx, nodes, client.MatchingLabels(m.Spec.Selector)); err != nil {
+	if err := r.Client.List(ctx, nodes, client.MatchingLabels(m.Spec.Selector), client.UnsafeDisableDeepCopy); err != nil {
 		return nil
 	}
+	versioned := m.Spec.Version() != "" || r.anyVersionedModule(ctx)
 	out := make([]ctrl.Request, 0, len(nodes.Items))
 	for _, n := range nodes.Items {
-		out = append(out, ctrl.Request{NamespacedName: types.NamespacedName{Name: n.Name}})
+		if versioned || hasInternalVersionLabel(n.Labels) {
+			out = append(out, ctrl.Request{NamespacedName: types.NamespacedName{Name: n.Name}})
+		}
 	}
 	return out
 }

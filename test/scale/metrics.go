@@ -130,6 +130,40 @@ func apiserverRequests(samples []sample) Requests {
 	return out
 }
 
+// bodySize is the sum and count of apiserver_request_body_size_bytes for one verb and resource.
+type bodySize struct{ sum, count float64 }
+
+// bodySizes reads apiserver_request_body_size_bytes by "verb resource" (the API server's own
+// spelling of the verb: update, patch, create, ...).
+func bodySizes(samples []sample) map[string]bodySize {
+	out := map[string]bodySize{}
+	for _, s := range samples {
+		key := s.labels["verb"] + " " + s.labels["resource"]
+		b := out[key]
+		switch s.name {
+		case "apiserver_request_body_size_bytes_sum":
+			b.sum += s.value
+		case "apiserver_request_body_size_bytes_count":
+			b.count += s.value
+		default:
+			continue
+		}
+		out[key] = b
+	}
+	return out
+}
+
+// meanBodySizes is the mean body size by "verb resource" of the requests between two readings.
+func meanBodySizes(before, after map[string]bodySize) map[string]float64 {
+	out := map[string]float64{}
+	for k, a := range after {
+		if n := a.count - before[k].count; n > 0 {
+			out[k] = (a.sum - before[k].sum) / n
+		}
+	}
+	return out
+}
+
 // minus is r - o, without zero entries.
 func (r Requests) minus(o Requests) Requests {
 	out := Requests{}

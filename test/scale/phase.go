@@ -18,17 +18,20 @@ type snapshot struct {
 	apiserver  Requests
 	harness    Requests
 	reconciles map[string]int
+	bodyBytes  map[string]bodySize // request body sizes by "verb resource" (all clients)
 	cpu        float64
 	others     map[string]float64 // CPU seconds of the other processes (processCPU)
 }
 
 func (h *harness) snapshot(ctx context.Context, op *operator) (snapshot, error) {
 	s := snapshot{at: time.Now(), reconciles: map[string]int{}, others: processCPU()}
-	samples, err := scrape(ctx, h.apiserver, strings.TrimSuffix(h.env.Config.Host, "/")+"/metrics", "apiserver_request_total")
+	samples, err := scrape(ctx, h.apiserver, strings.TrimSuffix(h.env.Config.Host, "/")+"/metrics",
+		"apiserver_request_total", "apiserver_request_body_size_bytes_sum", "apiserver_request_body_size_bytes_count")
 	if err != nil {
 		return s, fmt.Errorf("scraping the API server: %w", err)
 	}
 	s.apiserver = apiserverRequests(samples)
+	s.bodyBytes = bodySizes(samples)
 	h.count.mu.Lock()
 	s.harness = maps.Clone(h.count.reqs)
 	h.count.mu.Unlock()
@@ -81,6 +84,13 @@ func (h *harness) measure(ctx context.Context, name string, op **operator, actio
 	pairs := float64(h.o.Nodes * h.o.Modules)
 	p.WritesPerPair = float64(p.OperatorWrites) / pairs
 	p.WritesPerPairNoEvents = float64(p.OperatorWrites-p.EventWrites) / pairs
+	p.WritesPerPairByKind = map[string]float64{}
+	for k, v := range p.OperatorRequests {
+		if isWrite(k) {
+			p.WritesPerPairByKind[k] = float64(v) / pairs
+		}
+	}
+	p.BodyBytesPerWrite = meanBodySizes(before.bodyBytes, after.bodyBytes)
 	p.Reconciles = map[string]int{}
 	total := 0
 	for c, n := range after.reconciles {

@@ -66,10 +66,31 @@ func (r *Result) PrintTable(w io.Writer) {
 	_, _ = fmt.Fprintf(w, "one NMC after the load: %d bytes of JSON (managedFields included)\n", r.NMCBytes)
 	for _, p := range r.Phases {
 		_, _ = fmt.Fprintf(w, "operator requests, %s: %s\n", p.Name, p.OperatorRequests)
+		_, _ = fmt.Fprintf(w, "operator writes per pair, %s: %.2f in all (Events included): %s\n", p.Name, p.WritesPerPair, perPair(p.WritesPerPairByKind))
+		_, _ = fmt.Fprintf(w, "mean request body bytes, %s (all clients): %s\n", p.Name, perPair(p.BodyBytesPerWrite))
 		_, _ = fmt.Fprintf(w, "harness+agent requests, %s: %s\n", p.Name, p.HarnessRequests.writesOnly())
 		_, _ = fmt.Fprintf(w, "CPU seconds, %s: operator %.1f, kube-apiserver %.1f, etcd %.1f, harness+agent %.1f\n", p.Name,
 			p.CPUSeconds, p.OtherCPUSeconds["kube-apiserver"], p.OtherCPUSeconds["etcd"], p.OtherCPUSeconds["harness+agent"])
 	}
+}
+
+// perPair lists per-pair (or per-request) figures, largest first, with two decimals.
+func perPair(m map[string]float64) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if m[keys[i]] != m[keys[j]] {
+			return m[keys[i]] > m[keys[j]]
+		}
+		return keys[i] < keys[j]
+	})
+	parts := make([]string, 0, len(keys))
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s=%.2f", k, m[k]))
+	}
+	return strings.Join(parts, ", ")
 }
 
 // writesOnly keeps the writes.

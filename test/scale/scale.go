@@ -103,6 +103,12 @@ type Phase struct {
 	// WritesPerPair is OperatorWrites / pairs; WritesPerPairNoEvents leaves the Events out.
 	WritesPerPair         float64 `json:"writesPerPair"`
 	WritesPerPairNoEvents float64 `json:"writesPerPairNoEvents"`
+	// WritesPerPairByKind breaks WritesPerPair down by "VERB resource[/subresource]" (Events
+	// included as "POST events" and "PATCH events").
+	WritesPerPairByKind map[string]float64 `json:"writesPerPairByKind"`
+	// BodyBytesPerWrite is the mean request body size by "verb resource" as the API server measured
+	// it (apiserver_request_body_size_bytes, all clients) during the phase.
+	BodyBytesPerWrite map[string]float64 `json:"bodyBytesPerWrite"`
 	// Reconciles are the operator's reconciles by controller during the phase.
 	Reconciles map[string]int `json:"reconciles"`
 	// CPUSeconds is the operator's CPU time (user+system) during the phase; CPUPerReconcileMicros
