@@ -3,48 +3,77 @@ package main
 import (
 	"bytes"
 	"context"
-	"io"
 	"reflect"
 	"strings"
 	"testing"
 
+	"k8s.io/cli-runtime/pkg/genericiooptions"
+
 	"github.com/kmm-project/kmm/fsm"
 )
 
-func TestParseArgs(t *testing.T) {
+// TestFlagsAnywhere checks that flags may come before, between or after the command and its
+// arguments, as kubectl's do, and that everything after -- is an argument.
+func TestFlagsAnywhere(t *testing.T) {
+	type parsed struct {
+		kubeconfig, context, namespace, as, output, format string
+		width                                              int
+		args                                               []string
+	}
 	cases := map[string]struct {
 		args []string
-		want options
+		want parsed
 	}{
 		"flags after the command": {
 			args: []string{"status", "nic", "-n", "drivers", "-o", "json"},
-			want: options{namespace: "drivers", output: "json", args: []string{"status", "nic"}},
+			want: parsed{namespace: "drivers", output: "json", args: []string{"nic"}},
 		},
 		"flags before the command": {
 			args: []string{"--kubeconfig", "/k", "--context=c", "history", "node-1", "--namespace=drivers", "nic"},
-			want: options{kubeconfig: "/k", context: "c", namespace: "drivers", args: []string{"history", "node-1", "nic"}},
+			want: parsed{kubeconfig: "/k", context: "c", namespace: "drivers", args: []string{"node-1", "nic"}},
 		},
 		"after -- everything is an argument": {
 			args: []string{"history", "--", "-odd-node"},
-			want: options{args: []string{"history", "-odd-node"}},
+			want: parsed{args: []string{"-odd-node"}},
 		},
 		"diagram format and width": {
 			args: []string{"diagram", "--format", "dot", "--width=120"},
-			want: options{format: "dot", width: 120, args: []string{"diagram"}},
+			want: parsed{format: "dot", width: 120, args: []string{}},
+		},
+		"kubectl's connection flags": {
+			args: []string{"status", "--as", "alice", "-o", "jsonpath={.items[*].state}"},
+			want: parsed{as: "alice", output: "jsonpath={.items[*].state}", args: []string{}},
 		},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			got, err := parseArgs(tc.args, io.Discard)
+			o := newRootOptions(genericiooptions.NewTestIOStreamsDiscard())
+			cmd, rest, err := o.command().Find(tc.args)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if tc.want.format == "" {
-				tc.want.format = "mermaid"
+			if err := cmd.ParseFlags(rest); err != nil {
+				t.Fatal(err)
 			}
-			got.requestTimeout = 0
-			if !reflect.DeepEqual(*got, tc.want) {
-				t.Errorf("parseArgs(%v)\n got %+v\nwant %+v", tc.args, *got, tc.want)
+			flag := func(name string) string {
+				if f := cmd.Flags().Lookup(name); f != nil {
+					return f.Value.String()
+				}
+				return ""
+			}
+			got := parsed{kubeconfig: *o.config.KubeConfig, context: *o.config.Context, namespace: *o.config.Namespace,
+				as: *o.config.Impersonate, output: flag("output"), width: o.width, args: cmd.Flags().Args()}
+			if f := flag("format"); f != "mermaid" {
+				got.format = f
+			}
+			if tc.want.args == nil {
+				tc.want.args = []string{}
+			}
+			if got.args == nil {
+				got.args = []string{}
+			}
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("%v\n got %+v\nwant %+v", tc.args, got, tc.want)
 			}
 		})
 	}
@@ -81,12 +110,13 @@ func TestRunWithoutACluster(t *testing.T) {
 		args          []string
 		err, out, log string
 	}{
-		"help":                 {args: []string{"--help"}, log: "kubectl kmm status"},
-		"help command":         {args: []string{"help"}, out: "kubectl kmm history <node>"},
+		"help":                 {args: []string{"--help"}, out: "kubectl kmm [command]"},
+		"help command":         {args: []string{"help", "history"}, out: "kubectl kmm history <node>"},
 		"no command":           {args: nil, err: "missing command", log: "Usage:"},
 		"unknown command":      {args: []string{"statuz"}, err: `unknown command "statuz"`},
-		"unknown flag":         {args: []string{"status", "--bogus"}, err: "flag provided but not defined: -bogus"},
-		"bad output":           {args: []string{"status", "-o", "yaml"}, err: `unknown output format "yaml"`},
+		"unknown flag":         {args: []string{"status", "--bogus"}, err: "unknown flag: --bogus"},
+		"bad output":           {args: []string{"status", "-o", "bogus"}, err: `unknown output format "bogus"`},
+		"bad history output":   {args: []string{"history", "n", "-o", "bogus"}, err: `unknown output format "bogus"`},
 		"history needs node":   {args: []string{"history"}, err: "history needs a node"},
 		"two modules":          {args: []string{"status", "a/b", "c/d"}, err: "at most one module"},
 		"diagram bad format":   {args: []string{"diagram", "--format", "svg"}, err: `unknown diagram format "svg"`},
@@ -94,6 +124,10 @@ func TestRunWithoutACluster(t *testing.T) {
 		"diagram dot":          {args: []string{"diagram", "--format", "dot"}, out: "digraph {"},
 		"missing kubeconfig":   {args: []string{"status", "--kubeconfig", "testdata/none"}, err: "loading the kubeconfig"},
 		"diagram takes no arg": {args: []string{"diagram", "x"}, err: "diagram takes no arguments"},
+		"bash completion":      {args: []string{"completion", "bash"}, out: "__start_kmm"},
+		"zsh completion":       {args: []string{"completion", "zsh"}, out: "#compdef kmm"},
+		"complete -o":          {args: []string{"__complete", "status", "-o", ""}, out: "jsonpath\n"},
+		"complete commands":    {args: []string{"__complete", ""}, out: "history"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -10,7 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
-	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
@@ -27,34 +27,33 @@ func pluginScheme() *runtime.Scheme {
 // noNMCMessage explains an empty cluster, as kubectl says "No resources found": not an error.
 const noNMCMessage = "No (node, module) pairs: no NodeModulesConfig exists (no Module selects a node, or the kmm operator is not running).\n"
 
-// session is a connection to the cluster: an uncached client and the kubeconfig's namespace.
+// session is a connection to the cluster: an uncached client and the namespace of the kubeconfig
+// (or of -n).
 type session struct {
 	client    client.Client
 	namespace string
-	now       func() time.Time
+	// config reaches the API server without the per-request timeout, for watches.
+	config *rest.Config
+	now    func() time.Time
 }
 
-// connect loads the kubeconfig the flags name and builds a client.
-func connect(o *options) (*session, error) {
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = o.kubeconfig
-	overrides := &clientcmd.ConfigOverrides{CurrentContext: o.context}
-	overrides.Context.Namespace = o.namespace
-	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, overrides)
-	cfg, err := cc.ClientConfig()
+// connect loads the kubeconfig as kubectl's connection flags say and builds a client.
+func (o *rootOptions) connect() (*session, error) {
+	cfg, err := o.config.ToRESTConfig()
 	if err != nil {
 		return nil, fmt.Errorf("loading the kubeconfig: %w", err)
 	}
-	ns, _, err := cc.Namespace()
+	ns, _, err := o.config.ToRawKubeConfigLoader().Namespace()
 	if err != nil {
 		return nil, fmt.Errorf("reading the namespace from the kubeconfig: %w", err)
 	}
-	cfg.Timeout = o.requestTimeout
 	c, err := client.New(cfg, client.Options{Scheme: pluginScheme()})
 	if err != nil {
 		return nil, fmt.Errorf("creating a client for %s: %w", cfg.Host, err)
 	}
-	return &session{client: c, namespace: ns, now: time.Now}, nil
+	watchConfig := rest.CopyConfig(cfg)
+	watchConfig.Timeout = 0
+	return &session{client: c, namespace: ns, config: watchConfig, now: time.Now}, nil
 }
 
 // statusView is what `status` prints.
@@ -62,6 +61,8 @@ type statusView struct {
 	summaries []ModuleSummary
 	rows      []PairRow
 	noNMC     bool
+	// resourceVersion is that of the NMC list, where status -w starts watching.
+	resourceVersion string
 }
 
 // statusView reads the Modules and NMCs that filter selects.
@@ -74,7 +75,8 @@ func (s *session) statusView(ctx context.Context, filter moduleFilter) (*statusV
 	if err := s.client.List(ctx, nmcs); err != nil {
 		return nil, explain(err, "listing NodeModulesConfigs")
 	}
-	v := &statusView{rows: statusRows(nmcs.Items, filter, s.now()), noNMC: len(nmcs.Items) == 0}
+	v := &statusView{rows: statusRows(nmcs.Items, filter, s.now()), noNMC: len(nmcs.Items) == 0,
+		resourceVersion: nmcs.ResourceVersion}
 	for i := range modules {
 		v.summaries = append(v.summaries, summarize(&modules[i]))
 	}

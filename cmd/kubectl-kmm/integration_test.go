@@ -138,10 +138,11 @@ func checkJSON(t *testing.T, kubeconfig string, nodes []string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rows []PairRow
-	if err := json.Unmarshal([]byte(out), &rows); err != nil {
-		t.Fatalf("status -o json is not a list of rows: %v\n%s", err, out)
+	var list rowList[PairRow]
+	if err := json.Unmarshal([]byte(out), &list); err != nil || list.Kind != "List" || list.APIVersion != "v1" {
+		t.Fatalf("status -o json is not a List of rows: %v\n%s", err, out)
 	}
+	rows := list.Items
 	if len(rows) != 3 {
 		t.Fatalf("status -o json has %d rows, want 3:\n%s", len(rows), out)
 	}
@@ -155,8 +156,10 @@ func checkJSON(t *testing.T, kubeconfig string, nodes []string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var hist []HistoryRow
-	if err := json.Unmarshal([]byte(out), &hist); err != nil || len(hist) < 2 {
+	var histList rowList[HistoryRow]
+	err = json.Unmarshal([]byte(out), &histList)
+	hist := histList.Items
+	if err != nil || len(hist) < 2 {
 		t.Fatalf("history -o json (%v):\n%s", err, out)
 	}
 	if first, last := hist[0], hist[len(hist)-1]; first.From != "Absent" || first.To != "Loading" || last.To != "Loaded" || last.Node != nodes[2] {

@@ -69,13 +69,18 @@ func statusRows(nmcs []kmmv1beta1.NodeModulesConfig, filter moduleFilter, now ti
 	for i := range nmcs {
 		rows = append(rows, nodeRows(&nmcs[i], filter, now)...)
 	}
+	sortRows(rows)
+	return rows
+}
+
+// sortRows orders rows by node (numbers in names compare as numbers) and then module.
+func sortRows(rows []PairRow) {
 	sort.SliceStable(rows, func(i, j int) bool {
 		if rows[i].Node != rows[j].Node {
 			return naturalLess(rows[i].Node, rows[j].Node)
 		}
 		return rows[i].Module < rows[j].Module
 	})
-	return rows
 }
 
 // nodeRows are the rows of one NMC.

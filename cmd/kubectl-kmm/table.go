@@ -20,6 +20,9 @@ type table struct {
 	width int
 	// minLast is the least the last column keeps when the others already fill width.
 	minLast int
+	// mins are the least runes a column takes (0: its widest cell), so that rows printed later
+	// (status -w) line up with the table.
+	mins []int
 	rows    [][]string
 }
 
@@ -54,6 +57,9 @@ func (t *table) columnWidths() []int {
 		widths[i] = runeLen(t.headers[i])
 		for _, r := range t.rows {
 			widths[i] = max(widths[i], runeLen(r[i]))
+		}
+		if i < len(t.mins) {
+			widths[i] = max(widths[i], t.mins[i])
 		}
 		if i < n-1 && i < len(t.caps) && t.caps[i] > 0 {
 			widths[i] = min(widths[i], max(t.caps[i], runeLen(t.headers[i])))

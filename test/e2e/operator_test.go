@@ -599,12 +599,15 @@ func testKubectlKMM(t *testing.T, k *kmmEnv) {
 			t.Errorf("kubectl kmm status shows no row for %s", m)
 		}
 	}
-	var rows []struct {
-		Node, Module, State, Kernel, LoadedImage string
+	var list struct { // a kubectl List of rows
+		Items []struct {
+			Node, Module, State, Kernel, LoadedImage string
+		}
 	}
-	if err := json.Unmarshal([]byte(k.kubectl(t, "status", "-o", "json")), &rows); err != nil {
+	if err := json.Unmarshal([]byte(k.kubectl(t, "status", "-o", "json")), &list); err != nil {
 		t.Fatal(err)
 	}
+	rows := list.Items
 	if len(rows) != 3 {
 		t.Errorf("kubectl kmm status -o json: %d rows, want 3: %+v", len(rows), rows)
 	}
@@ -615,10 +618,13 @@ func testKubectlKMM(t *testing.T, k *kmmEnv) {
 	}
 	out = k.kubectl(t, "history", k.node, kmmNamespace+"/"+modKmod)
 	t.Logf("$ kubectl kmm history %s %s/%s\n%s", k.node, kmmNamespace, modKmod, out)
-	var history []struct{ From, To, Trigger string }
-	if err := json.Unmarshal([]byte(k.kubectl(t, "history", k.node, kmmNamespace+"/"+modKmod, "-o", "json")), &history); err != nil {
+	var historyList struct {
+		Items []struct{ From, To, Trigger string }
+	}
+	if err := json.Unmarshal([]byte(k.kubectl(t, "history", k.node, kmmNamespace+"/"+modKmod, "-o", "json")), &historyList); err != nil {
 		t.Fatal(err)
 	}
+	history := historyList.Items
 	var to []string
 	for _, h := range history {
 		to = append(to, h.To)
