@@ -23,7 +23,7 @@ type table struct {
 	// mins are the least runes a column takes (0: its widest cell), so that rows printed later
 	// (status -w) line up with the table.
 	mins []int
-	rows    [][]string
+	rows [][]string
 }
 
 const columnGap = "  "
