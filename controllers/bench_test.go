@@ -31,14 +31,14 @@ func BenchmarkNoOpReconcile10Modules(b *testing.B) {
 		modulesSet[m.Namespace+"/"+m.Name] = true
 	}
 	r := &NMCReconciler{BackOff: fsm.DefaultBackOff}
-	ctx, log := context.Background(), logr.Discard()
+	ctx := context.Background()
 	b.ReportAllocs()
 	cpu := startCPU(b)
 	defer cpu.report()
 	for b.Loop() {
 		f := &nodeFacts{nmc: nmc, node: node, workers: map[string]*corev1.Pod{}, dpRunning: map[string]bool{},
 			modulesSet: modulesSet, drains: map[string]*kmmv1beta1.DrainSpec{}}
-		outcomes, err := r.decide(ctx, f, t0, log)
+		outcomes, err := r.decide(ctx, f, t0)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -178,7 +178,19 @@ func (r *ModuleReconciler) reconcile(ctx context.Context, req ctrl.Request) (ctr
 	if err := errors.Join(errs...); err != nil {
 		return ctrl.Result{}, err
 	}
-	return ctrl.Result{}, r.releaseWhenUnloaded(ctx, scope, log)
+	res := ctrl.Result{}
+	if scope.handoverPending {
+		res.RequeueAfter = HandoverPoll // upstream's device plugin pods are not watched
+	}
+	return res, r.releaseWhenUnloaded(ctx, scope, log)
+}
+
+// reader reads what kmm's cache does not hold (managedFields, upstream KMM's pods).
+func (r *ModuleReconciler) reader() client.Reader {
+	if r.APIReader == nil {
+		return r.Client
+	}
+	return r.APIReader
 }
 
 // act writes what the decisions ask for: the NMC spec entries and the device plugin DaemonSet. An
@@ -188,7 +200,14 @@ func (r *ModuleReconciler) act(ctx context.Context, s *moduleScope, log logr.Log
 		log.Info("Invalid Module: leaving its nodes as they are", "error", s.invalid)
 		return nil
 	}
-	return []error{r.syncSpecs(ctx, s, log), r.syncDevicePlugin(ctx, s)}
+	errs := []error{r.syncSpecs(ctx, s, log), r.syncDevicePlugin(ctx, s)}
+	// After kmm's device plugin DaemonSet is written: upstream KMM's goes once kmm's serves its nodes.
+	pending, err := r.handOverDevicePlugin(ctx, s)
+	s.handoverPending = pending
+	if msg := handoverMessage(s.handoverWaiting); msg != "" {
+		log.Info("Handing the device plugin over from upstream KMM", "waiting", msg)
+	}
+	return append(errs, err)
 }
 
 // refusalMessage is the message of the first error the API server gave for what an object is, "" when none.
@@ -218,6 +237,10 @@ type moduleScope struct {
 	invalid   string
 	// refused quotes the API server's refusal of an object derived from the Module ("" when none).
 	refused string
+	// handoverPending says upstream KMM's device plugin DaemonSets of the Module still exist, and
+	// handoverWaiting which nodes only they serve yet (handover.go).
+	handoverPending bool
+	handoverWaiting []string
 	// actedOn says the Module's generation was fully acted on (every write succeeded, or the Module
 	// is invalid and its nodes are left alone): only then is it the status's observedGeneration.
 	actedOn bool

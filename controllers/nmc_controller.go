@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -154,6 +155,9 @@ type nodeFacts struct {
 	// appliedByKMM says, by module key, whether the Module's own manager applied its spec entry, read
 	// from the NMC as stored (the cache strips managedFields) only when the NMC has a record upstream left.
 	appliedByKMM map[string]bool
+	// upstreamDevicePlugins says a pod of upstream KMM's device plugin holds back an unload on the
+	// node (handover.go): the node is looked at again, as those pods are not watched.
+	upstreamDevicePlugins bool
 }
 
 // writableNMC returns the NMC to write: a copy of the cached one, made once.
@@ -180,6 +184,8 @@ type pairOutcome struct {
 	pod    *corev1.Pod
 	// worker is pod as ObserveWorker read it (its termination message parsed once), zero without a pod.
 	worker fsm.Worker
+	// from is the pair's stored state before the decision.
+	from kmmv1beta1.ModuleState
 }
 
 // Reconcile gathers the node's facts, decides every pair, writes the NMC status once and executes;
@@ -196,10 +202,18 @@ func (r *NMCReconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	now := r.Clock.Now()
-	outcomes, err := r.decide(ctx, f, now, log)
+	outcomes, err := r.decide(ctx, f, now)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	if again, err := r.upstreamDevicePluginsBeforeUnload(ctx, f, outcomes); err != nil {
+		return ctrl.Result{}, err
+	} else if again {
+		if outcomes, err = r.decide(ctx, f, now); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	logOutcomes(outcomes, log)
 	labels := labelChanges(f, outcomes)
 	if err := r.writeStatus(ctx, f, outcomes, len(labels) > 0); err != nil {
 		// A conflict means the NMC changed since it was read: the error requeues with back-off and the
@@ -213,7 +227,36 @@ func (r *NMCReconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 	if err := r.deleteIfEmpty(ctx, f); err != nil {
 		return ctrl.Result{}, err
 	}
-	return ctrl.Result{RequeueAfter: requeueAfter(outcomes)}, nil
+	requeue := requeueAfter(outcomes)
+	if f.upstreamDevicePlugins && (requeue == 0 || requeue > fsm.ForeignWait) {
+		requeue = fsm.ForeignWait // upstream's device plugin pods are not watched
+	}
+	return ctrl.Result{RequeueAfter: requeue}, nil
+}
+
+// upstreamDevicePluginsBeforeUnload reads, only when the decision is about to create an unload
+// pod, upstream KMM's device plugin pods on the node (uncached): a pod of the unloading pair's
+// Module counts as its running device plugin, so the pair drains it first (invariant 6 across a
+// switch from upstream). It says whether the pairs must be decided again with that fact.
+func (r *NMCReconciler) upstreamDevicePluginsBeforeUnload(ctx context.Context, f *nodeFacts, outcomes []pairOutcome) (bool, error) {
+	if r.APIReader == nil || !slices.ContainsFunc(outcomes, plansUnload) {
+		return false, nil
+	}
+	on, err := upstreamDevicePluginsOn(ctx, r.APIReader, r.Client, f.node.Name)
+	if err != nil {
+		return false, err
+	}
+	for _, o := range outcomes {
+		if plansUnload(o) && on[o.key] && !f.dpRunning[o.key] {
+			f.dpRunning[o.key], f.upstreamDevicePlugins = true, true
+		}
+	}
+	return f.upstreamDevicePlugins, nil
+}
+
+func plansUnload(o pairOutcome) bool {
+	w := o.result.Plan.CreateWorker
+	return w != nil && w.Action == fsm.ActionUnload
 }
 
 func (r *NMCReconciler) gather(ctx context.Context, name string) (*nodeFacts, error) {
@@ -271,7 +314,7 @@ func collectPod(f *nodeFacts, p *corev1.Pod, node string) {
 }
 
 // decide runs fsm.Step for every pair known on the node.
-func (r *NMCReconciler) decide(ctx context.Context, f *nodeFacts, now time.Time, log logr.Logger) ([]pairOutcome, error) {
+func (r *NMCReconciler) decide(ctx context.Context, f *nodeFacts, now time.Time) ([]pairOutcome, error) {
 	node := observeNode(f.node)
 	var out []pairOutcome
 	for _, key := range pairKeys(f) {
@@ -282,16 +325,23 @@ func (r *NMCReconciler) decide(ctx context.Context, f *nodeFacts, now time.Time,
 		}
 		facts.Drain = drain
 		res := fsm.Step(facts)
-		if res.Err != nil {
-			unpermittedTriggersTotal.WithLabelValues(string(facts.Status.State)).Inc()
-			log.Error(res.Err, "Unpermitted trigger", "module", key)
-		}
-		for _, t := range res.Fired {
-			log.Info("Transition", "module", key, "from", t.From, "to", t.To, "trigger", t.Trigger)
-		}
-		out = append(out, pairOutcome{key: key, result: res, pod: f.workers[key], worker: facts.Worker})
+		out = append(out, pairOutcome{key: key, result: res, pod: f.workers[key], worker: facts.Worker, from: facts.Status.State})
 	}
 	return out, nil
+}
+
+// logOutcomes logs the transitions of the decision the reconcile acts on, and counts unpermitted
+// triggers.
+func logOutcomes(outcomes []pairOutcome, log logr.Logger) {
+	for _, o := range outcomes {
+		if o.result.Err != nil {
+			unpermittedTriggersTotal.WithLabelValues(string(o.from)).Inc()
+			log.Error(o.result.Err, "Unpermitted trigger", "module", o.key)
+		}
+		for _, t := range o.result.Fired {
+			log.Info("Transition", "module", o.key, "from", t.From, "to", t.To, "trigger", t.Trigger)
+		}
+	}
 }
 
 func (r *NMCReconciler) pairFacts(f *nodeFacts, key string, node fsm.Node, now time.Time) fsm.Facts {

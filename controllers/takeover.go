@@ -129,12 +129,8 @@ func takeOverNeeded(nmc *kmmv1beta1.NodeModulesConfig, m *kmmv1beta1.Module) boo
 // upstream KMM left: it reads the NMC as stored (managedFields included), patches it when
 // takeOverNeeded (or to remove an entry), then applies the entry so that its manager owns it.
 func (r *ModuleReconciler) syncTakenOver(ctx context.Context, nodeName string, n *corev1.Node, m *kmmv1beta1.Module, e *kmmv1beta1.NodeModuleSpec) error {
-	reader := r.APIReader
-	if reader == nil {
-		reader = r.Client
-	}
 	fresh := &kmmv1beta1.NodeModulesConfig{}
-	if err := reader.Get(ctx, client.ObjectKey{Name: nodeName}, fresh); err != nil {
+	if err := r.reader().Get(ctx, client.ObjectKey{Name: nodeName}, fresh); err != nil {
 		return client.IgnoreNotFound(err)
 	}
 	if e == nil || takeOverNeeded(fresh, m) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"testing"
@@ -36,6 +37,8 @@ type upstreamNode struct {
 	bootID string
 	// loaded says whether the module is in the node's (simulated) kernel.
 	loaded bool
+	// labels are more node labels upstream left (version labels, device-plugin-ready).
+	labels map[string]string
 }
 
 // leaveAsUpstream puts the state upstream KMM leaves on a node: the NMC with spec entry and status
@@ -76,7 +79,9 @@ func leaveAsUpstream(t *testing.T, tb *testbed.Bed, u upstreamNode) {
 		t.Fatal(err)
 	}
 	// The ready label's value is empty (testbed.SetNodeLabel would delete it).
-	ready, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]string{kmmv1beta1.ReadyLabel(ns, name): ""}}})
+	nodeLabels := map[string]string{kmmv1beta1.ReadyLabel(ns, name): ""}
+	maps.Copy(nodeLabels, u.labels)
+	ready, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": nodeLabels}})
 	if err := k8s.Patch(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: u.name}}, client.RawPatch(types.MergePatchType, ready)); err != nil {
 		t.Fatal(err)
 	}

@@ -476,7 +476,7 @@ func (s startingWorld) start(cfg *worldConfig, f faults) *world {
 var startingWorldsBuilt sync.Map
 
 // startingWorlds are the worlds rapid's interleavings start from.
-var startingWorlds = []startingWorld{rootFresh, rootAllLoaded, rootLoadsFailing, rootReloading, rootUnloading, rootUpgradeAsked, rootUpgrading}
+var startingWorlds = []startingWorld{rootFresh, rootAllLoaded, rootLoadsFailing, rootReloading, rootUnloading, rootUpgradeAsked, rootUpgrading, rootFromUpstream}
 
 // rapidChooser draws the choices with rapid.
 type rapidChooser struct{ t *rapid.T }

@@ -37,6 +37,7 @@ func TestAdoption(t *testing.T) {
 		node    Node
 		kmmSpec bool
 		podUp   bool
+		dp      bool
 		want    want
 		trigger Trigger
 	}{
@@ -56,11 +57,21 @@ func TestAdoption(t *testing.T) {
 			want: want{state: ""}},
 		{name: "upstream worker pod still there: wait", spec: spec, record: upstreamRecord(spec, "b1"), node: readyNode(k1), kmmSpec: true, podUp: true,
 			want: want{state: ""}},
+		// Issue 18: a record of a Module kmm's spec does not have (deleted, or the node not selected,
+		// before the takeover) is unloaded, not dropped with the module left in the kernel.
+		{name: "no spec entry, loaded in this boot: unload", record: upstreamRecord(spec, "b1"), node: readyNode(k1),
+			want: want{state: Unloading, create: ActionUnload}, trigger: SpecRemoved},
+		{name: "no spec entry, device plugin still on the node: drain it first", record: upstreamRecord(spec, "b1"), node: readyNode(k1), dp: true,
+			want: want{state: DevicePluginDraining}, trigger: SpecRemoved},
+		{name: "no spec entry, no boot ID recorded: unload (it may be loaded)", record: upstreamRecord(spec, ""), node: readyNode(k1),
+			want: want{state: Unloading, create: ActionUnload}, trigger: SpecRemoved},
+		{name: "no spec entry, NotReady node: the record waits for the unload", record: upstreamRecord(spec, "b1"),
+			node: Node{KernelVersion: k1, BootID: "b1"}, want: want{state: Absent}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			f := facts(c.spec, c.record, c.node)
-			f.SpecWrittenByKMM, f.UpstreamWorkerPresent = c.kmmSpec, c.podUp
+			f.SpecWrittenByKMM, f.UpstreamWorkerPresent, f.DevicePluginRunning = c.kmmSpec, c.podUp, c.dp
 			r := Step(f)
 			if r.Err != nil {
 				t.Fatal(r.Err)
@@ -73,6 +84,12 @@ func TestAdoption(t *testing.T) {
 			}
 			if r.Plan.Ready != c.want.ready {
 				t.Errorf("ready %v, want %v", r.Plan.Ready, c.want.ready)
+			}
+			if c.trigger == "" && c.want.state == Absent {
+				if len(r.Fired) != 0 || r.Status.Config == nil {
+					t.Errorf("a stranded record on a NotReady node fired %v, record %+v", r.Fired, r.Status)
+				}
+				return
 			}
 			if c.trigger == "" {
 				if len(r.Fired) != 0 || r.Plan.RequeueAfter != ForeignWait || r.Status.UpstreamBootID == "" {

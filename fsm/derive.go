@@ -20,11 +20,16 @@ func derive(f *Facts) (Trigger, bool) {
 	return deriveFuncs[f.state()](f)
 }
 
-// deriveAbsent: a record upstream KMM left that kmm's spec wants in this boot is adopted; else
-// rule 2, status missing and the node runs the spec's kernel → load.
+// deriveAbsent: a record upstream KMM left that kmm's spec wants in this boot is adopted; a record
+// of a config that may still be in the kernel with no spec entry wanting it is unloaded, like any
+// entry removal (upstream's record of a Module deleted, or of a node no longer selected, before
+// the takeover); else rule 2, status missing and the node runs the spec's kernel → load.
 func deriveAbsent(f *Facts) (Trigger, bool) {
-	if f.adoptable() {
+	switch {
+	case f.adoptable():
 		return Adopted, true
+	case f.strandedLoad():
+		return SpecRemoved, f.nodeUsable()
 	}
 	return SpecSet, f.nodeUsable() && f.specKernelMatches()
 }

@@ -30,7 +30,7 @@ var exploreSpecs = []exploreSpec{
 	{
 		cfg: worldConfig{name: "1 node x 2 Modules", nodes: []string{"n0"}, modules: []string{modPlain, modVersion},
 			kernels: []string{kernelA, kernelB, kernelNoMap}, drain: true, history: 2},
-		roots: []startingWorld{rootFresh, rootAllLoaded, rootLoadsFailing, rootReloading, rootUnloading, rootUpgrading},
+		roots: []startingWorld{rootFresh, rootAllLoaded, rootLoadsFailing, rootReloading, rootUnloading, rootUpgrading, rootFromUpstream},
 		depth: 3,
 	},
 	{

@@ -176,6 +176,15 @@ func (f *Facts) needsUnload() bool {
 	return f.Status.Config != nil && (f.Spec == nil || !semantic.Equal(&f.Spec.Config, f.Status.Config))
 }
 
+// strandedLoad says whether an Absent pair's record names a config that may still be in the
+// node's kernel (recorded for the kernel it runs, in this boot or with no boot recorded) while no
+// spec entry wants it: nothing but an unload takes it out. Dropping such a record left the module
+// loaded with no record of it (issue 18: upstream KMM's record of a Module deleted before the
+// takeover).
+func (f *Facts) strandedLoad() bool {
+	return f.state() == Absent && f.Spec == nil && f.statusKernelMatches() && !f.rebootedByBootID()
+}
+
 // rebootedByBootID says whether the node booted since the config was loaded.
 func (f *Facts) rebootedByBootID() bool {
 	return f.Status.BootID != "" && f.Node.BootID != "" && f.Status.BootID != f.Node.BootID

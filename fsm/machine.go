@@ -131,7 +131,9 @@ func newMachine(initial State) *stateless.StateMachine {
 func Configure(sm *stateless.StateMachine) {
 	sm.Configure(Absent).
 		Permit(SpecSet, Loading, nodeKernelMatchesSpec).
-		Permit(Adopted, Loaded, upstreamRecordMatchesSpec)
+		Permit(Adopted, Loaded, upstreamRecordMatchesSpec).
+		Permit(SpecRemoved, DevicePluginDraining, loadedHereWithDevicePlugin).
+		Permit(SpecRemoved, Unloading, loadedHereWithoutDevicePlugin)
 
 	sm.Configure(Loading).
 		Permit(WorkerSucceeded, Loaded).

@@ -78,6 +78,7 @@ type faults struct {
 	rolloutIgnoresInProgress  bool // the rollout does not count nodes it started and that are not done
 	rolloutDoneIgnoresCordon  bool // the rollout does not count a done node that is still cordoned (upgrade.planRollout's rule)
 	onlyCreatesCheckFreshness bool // a reconcile whose status did not change relabels, cordons and drains unchecked (before issue 19)
+	strandedRecordDropped     bool // an Absent record of a config still in the kernel, with no spec entry, is dropped (before the fix of issue 18)
 }
 
 type simNode struct {
@@ -476,6 +477,11 @@ func (w *world) reconcileNMC(node string, age int) {
 // applyResultFaults breaks what the NMC decision returned, for the seeded faults that sit there.
 func (w *world) applyResultFaults(r *Result) {
 	if r.Status == nil {
+		return
+	}
+	if w.faults.strandedRecordDropped && len(r.Fired) > 0 && r.Fired[0].From == Absent && Trigger(r.Fired[0].Trigger) == SpecRemoved {
+		// What the decision did before the fix: nothing wanted, so the entry went, unloaded or not.
+		*r = Result{}
 		return
 	}
 	if w.faults.logSkipsTransition && len(r.Fired) > 0 {

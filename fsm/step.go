@@ -110,10 +110,17 @@ func Step(f Facts) Result {
 		res.Plan.RequeueAfter = drainPoll // workload pods are not watched: look again soon
 	}
 	res.Plan.Uncordon = uncordonPending(&st, &f)
-	if st.State != Absent || f.Spec != nil || f.Worker.Phase == PodRunning || st.Drain != nil {
+	if keepEntry(&st, &f) {
 		res.Status = &st
 	}
 	return res
+}
+
+// keepEntry says whether the pair's status entry stays: an Absent entry goes when nothing is wanted,
+// no pod or drain is left and nothing may be loaded (a stranded record waits for a usable node to
+// unload it).
+func keepEntry(st *kmmv1beta1.NodeModuleStatus, f *Facts) bool {
+	return st.State != Absent || f.Spec != nil || f.Worker.Phase == PodRunning || st.Drain != nil || f.strandedLoad()
 }
 
 // record updates the status entry for a transition and appends it to the bounded log. It only

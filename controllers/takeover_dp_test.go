@@ -1,0 +1,343 @@
+package controllers_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/contract"
+	"github.com/kmm-project/kmm/controllers"
+	"github.com/kmm-project/kmm/fsm"
+	"github.com/kmm-project/kmm/test/testbed"
+)
+
+// Upstream KMM's names for its device plugin (docs/migration.md): pods and DaemonSet labelled with
+// the Module's name, pods holding its node-labeler finalizer.
+const (
+	upstreamModuleLabel    = "kmm.node.kubernetes.io/module.name"
+	upstreamNodeLabelerFin = "kmm.node.kubernetes.io/node-labeler"
+)
+
+// leaveUpstreamDevicePlugin creates the device plugin DaemonSet upstream KMM runs for a Module at
+// version: generated name, upstream's labels, node selector on the ready and version-device-plugin
+// labels, pods holding upstream's finalizer. Its controller reference to the Module is set by
+// ownUpstreamDevicePlugin once the Module exists.
+func leaveUpstreamDevicePlugin(t *testing.T, tb *testbed.Bed, name, version string) *appsv1.DaemonSet {
+	t.Helper()
+	labels := map[string]string{upstreamModuleLabel: name, kmmv1beta1.DevicePluginVersionLabel(tb.NS, name): version}
+	ds := &appsv1.DaemonSet{
+		ObjectMeta: metav1.ObjectMeta{Namespace: tb.NS, GenerateName: name + "-device-plugin-", Labels: labels},
+		Spec: appsv1.DaemonSetSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels, Finalizers: []string{upstreamNodeLabelerFin}},
+				Spec: corev1.PodSpec{
+					NodeSelector: map[string]string{kmmv1beta1.ReadyLabel(tb.NS, name): "", kmmv1beta1.DevicePluginVersionLabel(tb.NS, name): version},
+					Containers:   []corev1.Container{{Name: "device-plugin", Image: "reg.example.com/" + name + "-dp:" + version}},
+				},
+			},
+		},
+	}
+	if err := k8s.Create(context.Background(), ds, client.FieldOwner(upstreamManager)); err != nil {
+		t.Fatal(err)
+	}
+	return ds
+}
+
+// ownUpstreamDevicePlugin gives the DaemonSet the controller reference upstream KMM gives it.
+func ownUpstreamDevicePlugin(t *testing.T, ds *appsv1.DaemonSet, m *kmmv1beta1.Module) {
+	t.Helper()
+	refs := []metav1.OwnerReference{{APIVersion: kmmv1beta1.GroupVersion.String(), Kind: "Module", Name: m.Name, UID: m.UID,
+		Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true)}}
+	data, _ := json.Marshal(map[string]any{"metadata": map[string]any{"ownerReferences": refs}})
+	if err := k8s.Patch(context.Background(), ds, client.RawPatch(types.MergePatchType, data), client.FieldOwner(upstreamManager)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// dpCoverage watches the device plugin pods of Module name, upstream's and kmm's, on the test's
+// nodes: from the first moment a node has a Ready one, every moment it has none is a gap; and an
+// unload worker pod created while a device plugin pod of the Module is still on its node breaks
+// invariant 6.
+type dpCoverage struct {
+	mu       sync.Mutex
+	nodes    []string
+	serving  map[string]map[types.UID]string // node → Ready, not deleted device plugin pods → "upstream" or "kmm"
+	present  map[string]map[types.UID]bool   // node → device plugin pods that exist (Terminating included)
+	armed    map[string]bool
+	gapSince map[string]time.Time
+	gaps     []string
+	longest  time.Duration
+	unloads  []string
+	seenKMM  map[string]bool
+	stopped  bool
+	seenPods map[types.UID]bool
+}
+
+func watchDevicePluginCoverage(t *testing.T, tb *testbed.Bed, name string) *dpCoverage {
+	c := &dpCoverage{nodes: slices.Clone(tb.Nodes), serving: map[string]map[types.UID]string{}, present: map[string]map[types.UID]bool{},
+		armed: map[string]bool{}, gapSince: map[string]time.Time{}, seenKMM: map[string]bool{}, seenPods: map[types.UID]bool{}}
+	testbed.Watch(t, cluster, &corev1.PodList{}, func(ev watch.EventType, p *corev1.Pod) {
+		c.observe(ev, p, name)
+	}, client.InNamespace(tb.NS))
+	return c
+}
+
+func devicePluginOwner(p *corev1.Pod, name string) string {
+	switch {
+	case p.Labels[contract.LabelDevicePlugin] == "true" && p.Labels[contract.LabelModuleName] == name:
+		return "kmm"
+	case p.Labels[upstreamModuleLabel] == name && p.Labels["kmm.node.kubernetes.io/worker-action"] == "":
+		return "upstream"
+	}
+	return ""
+}
+
+func (c *dpCoverage) observe(ev watch.EventType, p *corev1.Pod, name string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := p.Spec.NodeName
+	if n == "" || !slices.Contains(c.nodes, n) {
+		return
+	}
+	if p.Labels[contract.LabelWorker] == "true" && p.Labels[contract.LabelAction] == string(fsm.ActionUnload) && !c.seenPods[p.UID] {
+		c.seenPods[p.UID] = true
+		if len(c.present[n]) > 0 {
+			c.unloads = append(c.unloads, fmt.Sprintf("unload pod %s on %s beside %d device plugin pods", p.Name, n, len(c.present[n])))
+		}
+	}
+	owner := devicePluginOwner(p, name)
+	if owner == "" {
+		return
+	}
+	if c.serving[n] == nil {
+		c.serving[n], c.present[n] = map[types.UID]string{}, map[types.UID]bool{}
+	}
+	delete(c.serving[n], p.UID)
+	delete(c.present[n], p.UID)
+	if ev != watch.Deleted {
+		c.present[n][p.UID] = true
+		if p.DeletionTimestamp == nil && podIsReady(p) {
+			c.serving[n][p.UID] = owner
+			c.seenKMM[n] = c.seenKMM[n] || owner == "kmm"
+		}
+	}
+	if c.stopped {
+		return
+	}
+	switch {
+	case len(c.serving[n]) > 0 && !c.gapSince[n].IsZero():
+		d := time.Since(c.gapSince[n])
+		c.gaps = append(c.gaps, fmt.Sprintf("%s without a Ready device plugin pod for %v", n, d.Round(time.Millisecond)))
+		c.longest = max(c.longest, d)
+		c.gapSince[n] = time.Time{}
+	case len(c.serving[n]) > 0:
+		c.armed[n] = true
+	case c.armed[n] && c.gapSince[n].IsZero():
+		c.gapSince[n] = time.Now()
+	}
+}
+
+// stop ends the coverage check (an ordered upgrade drains the device plugin on purpose) and returns
+// the gaps seen, open ones included.
+func (c *dpCoverage) stop() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.stopped = true
+	gaps := slices.Clone(c.gaps)
+	for n, since := range c.gapSince {
+		if !since.IsZero() {
+			gaps = append(gaps, fmt.Sprintf("%s without a Ready device plugin pod since %v ago", n, time.Since(since).Round(time.Millisecond)))
+		}
+	}
+	return gaps
+}
+
+// servedBy says, per node, who serves it now ("upstream", "kmm", or both).
+func (c *dpCoverage) servedBy() map[string][]string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := map[string][]string{}
+	for _, n := range c.nodes {
+		for _, o := range c.serving[n] {
+			if !slices.Contains(out[n], o) {
+				out[n] = append(out[n], o)
+			}
+		}
+		slices.Sort(out[n])
+	}
+	return out
+}
+
+func (c *dpCoverage) invariant6() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.unloads)
+}
+
+func podIsReady(p *corev1.Pod) bool {
+	for _, cond := range p.Status.Conditions {
+		if cond.Type == corev1.PodReady {
+			return cond.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// TestTakeoverHandsOverDevicePlugin: three nodes as upstream KMM leaves them for a versioned Module
+// with a device plugin (its DaemonSet's pods Running and Ready, held by upstream's finalizer), then
+// kmm: every pair Adopted without a worker pod, the ready label never removed, kmm's device plugin
+// replaces upstream's without a moment a node has no Ready device plugin pod (watched); then a
+// version bump upgrades each node the ordered way, and deleting the Module unloads everywhere and
+// releases both finalizers.
+func TestTakeoverHandsOverDevicePlugin(t *testing.T) {
+	ctx := context.Background()
+	tb := cluster.NewBed(t, 3, testbed.KernelA)
+	m := tb.VersionedModule("nic", "v1")
+	m.Spec.DevicePlugin = &kmmv1beta1.DevicePluginSpec{Container: kmmv1beta1.DevicePluginContainerSpec{Image: "reg.example.com/nic-dp:v1"}}
+	m.Finalizers = []string{controllers.UpstreamModuleFinalizer}
+	w := watchTakeover(t, tb, "nic")
+	cov := watchDevicePluginCoverage(t, tb, "nic")
+	ns := tb.NS
+	upstreamLabels := map[string]string{kmmv1beta1.ModuleVersionLabel(ns, "nic"): "v1", kmmv1beta1.WorkerPodVersionLabel(ns, "nic"): "v1",
+		kmmv1beta1.DevicePluginVersionLabel(ns, "nic"): "v1", kmmv1beta1.DevicePluginReadyLabel(ns, "nic"): ""}
+	for _, n := range tb.Nodes {
+		d := fsm.DecideSpec(m, fsm.NodeView{Name: n, Labels: map[string]string{tb.Label: "yes", kmmv1beta1.WorkerPodVersionLabel(ns, "nic"): "v1"},
+			KernelVersion: testbed.KernelA})
+		if d.Entry == nil {
+			t.Fatalf("no entry for nic on %s: %+v", n, d)
+		}
+		leaveAsUpstream(t, tb, upstreamNode{name: n, entry: *d.Entry, bootID: node.BootID(n),
+			loaded: true, labels: upstreamLabels})
+	}
+	ds := leaveUpstreamDevicePlugin(t, tb, "nic", "v1")
+	testbed.Eventually(t, 30*time.Second, func() (bool, string) {
+		by := cov.servedBy()
+		for _, n := range tb.Nodes {
+			if !slices.Equal(by[n], []string{"upstream"}) {
+				return false, fmt.Sprintf("upstream's device plugin Ready on every node: %v", by)
+			}
+		}
+		return true, ""
+	})
+
+	start := time.Now()
+	cluster.StartOperator(t)
+	tb.Create(m)
+	ownUpstreamDevicePlugin(t, ds, m)
+	testbed.Eventually(t, 30*time.Second, func() (bool, string) {
+		err := k8s.Get(ctx, client.ObjectKeyFromObject(ds), &appsv1.DaemonSet{})
+		if !apierrors.IsNotFound(err) {
+			return false, fmt.Sprintf("upstream's device plugin DaemonSet %s still there (%v); served by %v", ds.Name, err, cov.servedBy())
+		}
+		by := cov.servedBy()
+		for _, n := range tb.Nodes {
+			if !slices.Equal(by[n], []string{"kmm"}) {
+				return false, fmt.Sprintf("only kmm's device plugin on every node: %v", by)
+			}
+		}
+		return true, ""
+	})
+	t.Logf("device plugin handed over %v after the operator started", time.Since(start).Round(10*time.Millisecond))
+	if gaps := cov.stop(); len(gaps) > 0 {
+		t.Fatalf("device plugin coverage lost: %v", gaps)
+	}
+	for _, n := range tb.Nodes {
+		st := cluster.PairStatus(n, ns, "nic")
+		if st == nil || st.State != kmmv1beta1.StateLoaded || st.Reason != string(fsm.Adopted) || len(st.Transitions) != 1 {
+			t.Fatalf("nic on %s: %s, want Loaded/Adopted after one transition", n, testbed.Describe(st))
+		}
+	}
+	cluster.AssertEvents(t, ns, "UpstreamDevicePluginRemoved")
+	created, removals := w.snapshot()
+	if len(created) != 0 || len(removals) != 0 {
+		t.Fatalf("the takeover created worker pods %v and removed the ready label on %v; want none", created, removals)
+	}
+
+	// A version bump after the takeover is an ordered upgrade as usual: drain, unload v1, load v2.
+	cluster.BumpVersion(t, m, "v2", "reg.example.com/nic:v2")
+	for _, n := range tb.Nodes {
+		cluster.SetNodeLabel(t, n, kmmv1beta1.ModuleVersionLabel(ns, "nic"), "v2")
+		tb.WaitLoaded("nic", "reg.example.com/nic:v2", n)
+		cluster.AssertPassedThrough(t, n, ns, fsm.DevicePluginDraining, fsm.Unloading, fsm.Upgrading, fsm.Loading)
+		testbed.Eventually(t, 20*time.Second, func() (bool, string) {
+			got := cluster.Node(t, n).Labels[kmmv1beta1.VersionReadyLabel(ns, "nic")]
+			return got == "v2", fmt.Sprintf("version.ready on %s is %q, want v2", n, got)
+		})
+	}
+	// Deleting the Module unloads everywhere and releases kmm's and upstream's finalizers.
+	if err := k8s.Delete(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	testbed.Eventually(t, 30*time.Second, func() (bool, string) {
+		if err := k8s.Get(ctx, client.ObjectKeyFromObject(m), &kmmv1beta1.Module{}); !apierrors.IsNotFound(err) {
+			return false, fmt.Sprintf("the Module is still there (%v)", err)
+		}
+		for _, n := range tb.Nodes {
+			if _, ok := node.Loaded(n)[ns+"/nic"]; ok {
+				return false, "nic still loaded on " + n
+			}
+		}
+		return true, ""
+	})
+	created, _ = w.snapshot()
+	for _, n := range tb.Nodes {
+		if created[n+" load"] != 1 || created[n+" unload"] != 2 {
+			t.Errorf("worker pods on %s: %v, want one load (v2) and two unloads (v1, v2)", n, created)
+		}
+	}
+	if v := cov.invariant6(); len(v) > 0 {
+		t.Fatalf("invariant 6 broken: %v", v)
+	}
+}
+
+// TestTakeoverUnloadsWhatNoModuleWants: a record upstream KMM left on a node the Module no longer
+// selects is unloaded by one unload pod (it was dropped, with the module left in the kernel, before
+// issue 18's fix); the selected node is adopted.
+func TestTakeoverUnloadsWhatNoModuleWants(t *testing.T) {
+	tb := cluster.NewBed(t, 2, testbed.KernelA)
+	selected, dropped := tb.Nodes[0], tb.Nodes[1]
+	m := tb.Module("nic")
+	w := watchTakeover(t, tb, "nic")
+	for _, n := range tb.Nodes {
+		leaveAsUpstream(t, tb, upstreamNode{name: n, entry: decidedEntry(t, tb, m, n, testbed.KernelA), bootID: node.BootID(n), loaded: true})
+	}
+	cluster.SetNodeLabel(t, dropped, tb.Label, "")
+	cluster.StartOperator(t)
+	tb.Create(m)
+
+	testbed.Eventually(t, 30*time.Second, func() (bool, string) {
+		st := cluster.PairStatus(selected, tb.NS, "nic")
+		if st == nil || st.Reason != string(fsm.Adopted) {
+			return false, fmt.Sprintf("nic on %s: %s, want Adopted", selected, testbed.Describe(st))
+		}
+		if st := cluster.PairStatus(dropped, tb.NS, "nic"); st != nil {
+			return false, fmt.Sprintf("nic on %s: %s, want no entry", dropped, testbed.Describe(st))
+		}
+		if _, ok := node.Loaded(dropped)[tb.NS+"/nic"]; ok {
+			return false, "nic still in the kernel of " + dropped
+		}
+		return true, ""
+	})
+	created, _ := w.snapshot()
+	if want := map[string]int{dropped + " unload": 1}; fmt.Sprint(created) != fmt.Sprint(want) {
+		t.Errorf("worker pods %v, want %v", created, want)
+	}
+	if _, ok := cluster.Node(t, dropped).Labels[kmmv1beta1.ReadyLabel(tb.NS, "nic")]; ok {
+		t.Errorf("%s keeps the ready label of a module it unloaded", dropped)
+	}
+}
