@@ -81,7 +81,7 @@ var modelActions = []action{
 		sm.gen++
 	}},
 	{name: "BumpModuleVersion", in: withModule(modVersion), run: func(w *world, _ chooser) {
-		if sm := w.modules[modVersion]; sm.exists && !w.bumpStallsTheRollout() {
+		if sm := w.modules[modVersion]; sm.exists {
 			sm.gen++
 			sm.version = fmt.Sprintf("v%d", sm.gen)
 		}
@@ -219,25 +219,6 @@ var modelActions = []action{
 	{name: "Tick", run: func(w *world, c chooser) {
 		w.now = w.now.Add(time.Duration(c.seconds("seconds", w.nextDeadline())) * time.Second)
 	}},
-}
-
-// bumpStallsTheRollout says whether a version bump now would hit the open finding of
-// TestOpenFindingBumpDuringRolloutStalls (an automatic rollout with a node on its way to the current
-// version): the model does not bump then, until that is fixed.
-func (w *world) bumpStallsTheRollout() bool {
-	if !w.cfg.automatic {
-		return false
-	}
-	ns, name := splitKey(modVersion)
-	version := w.modules[modVersion].version
-	for _, n := range w.cfg.nodes {
-		st := w.nmcs[n].status[modVersion]
-		done := st.State == Loaded && st.Config != nil && st.Config.Version == version
-		if w.nodes[n].labels[kmmv1beta1.ModuleVersionLabel(ns, name)] == version && !done {
-			return true
-		}
-	}
-	return false
 }
 
 // released says whether no NMC has an entry for the Module any more: the Module→NMC controller then

@@ -191,9 +191,11 @@ func deriveUpgrading(f *Facts) (Trigger, bool) {
 	switch {
 	case f.specKernelMatches():
 		return SpecSet, true
-	case f.Spec == nil && (f.Node.UpgradeTarget == "" || f.specOverdue()):
-		// No version requested, or the worker may load the target and still no entry came: no
-		// mapping for this kernel, or the Module is at another version.
+	case f.Node.UpgradeTarget == "" || f.specOverdue():
+		// No version requested, or the worker may load the target and still no entry for the
+		// node's kernel came: no mapping for this kernel (the entry for the kernel the node ran
+		// before is kept, and the node may have rebooted into another one mid-upgrade), or the
+		// Module is at another version. Absent lifts kmm's cordon; an entry that comes later loads.
 		return UpgradeAbandoned, true
 	}
 	return "", false

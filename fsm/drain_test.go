@@ -131,6 +131,27 @@ func TestUncordonPendingKeepsTheEntryOfAnUnloadedPair(t *testing.T) {
 	}
 }
 
+// TestUpgradeAbandonedWhenTheNodeBootsAKernelWithNoMapping: mid-upgrade the node comes back on a
+// kernel no mapping serves, so the Module→NMC controller keeps the entry for the kernel it ran
+// before. Once the grace is over the pair gives the upgrade up and kmm lifts its cordon (rapid
+// seed 10071139628671759194 found the pair waiting in Upgrading for good, the node cordoned).
+func TestUpgradeAbandonedWhenTheNodeBootsAKernelWithNoMapping(t *testing.T) {
+	v1 := entry(k1, "r/m:v1", "v1") // the entry kept for the kernel the node ran before
+	node := readyNode(k2)
+	node.Schedulable, node.UpgradeTarget, node.WorkerPodVersion = false, "v2", "v2"
+	st := kmmv1beta1.NodeModuleStatus{State: Upgrading, LastTransitionTime: metav1.NewTime(t0.Add(-time.Second)),
+		Drain: &kmmv1beta1.DrainStatus{StartTime: metav1.NewTime(t0.Add(-time.Minute)), CordonedByKMM: true}}
+	r := check(t, facts(v1, st, node), want{state: Upgrading})
+	if r.Plan.Uncordon || r.Plan.RequeueAfter != UpgradeSpecGrace-time.Second {
+		t.Fatalf("within the grace: uncordon %v requeue %v, want the cordon kept and a look after the grace", r.Plan.Uncordon, r.Plan.RequeueAfter)
+	}
+	st.LastTransitionTime = metav1.NewTime(t0.Add(-UpgradeSpecGrace))
+	r = check(t, facts(v1, st, node), want{state: Absent})
+	if !r.Plan.Uncordon || r.Status.Reason != string(UpgradeAbandoned) {
+		t.Fatalf("after the grace: uncordon %v reason %q, want the upgrade abandoned and kmm's cordon lifted", r.Plan.Uncordon, r.Status.Reason)
+	}
+}
+
 func TestNewUpgradeWhileTheCordonIsPendingStartsAFreshDrain(t *testing.T) {
 	v2 := entry(k1, "r/m:v2", "v2")
 	old := metav1.NewTime(t0.Add(-time.Hour))

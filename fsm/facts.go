@@ -226,8 +226,9 @@ func (f *Facts) workerFinished() bool {
 // worker-pod label allows it; the Module→NMC controller writes it within moments when it can.
 const UpgradeSpecGrace = 30 * time.Second
 
-// specOverdue says whether the worker-pod label is at the target and the spec entry is still
-// missing after UpgradeSpecGrace.
+// specOverdue says whether the worker-pod label is at the target and, UpgradeSpecGrace after the
+// pair entered its state, the spec still has no entry the worker could load on the node's kernel
+// (the caller checked that).
 func (f *Facts) specOverdue() bool {
 	return f.Node.WorkerPodVersion == f.Node.UpgradeTarget && !f.Now.Before(f.Status.LastTransitionTime.Add(UpgradeSpecGrace))
 }

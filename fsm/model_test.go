@@ -76,7 +76,8 @@ type faults struct {
 	logSkipsTransition        bool // the status write drops the newest entry of the transition log
 	cordonForgotten           bool // the drain's record does not remember that kmm cordoned the node
 	rolloutIgnoresInProgress  bool // the rollout does not count nodes it started and that are not done
-	rolloutDoneIgnoresCordon  bool // the rollout does not count a done node that is still cordoned (upgrade.planRollout's rule)
+	rolloutDoneIgnoresCordon  bool // the rollout does not count a done node that is still cordoned (upgrade.PlanRollout's old rule)
+	rolloutNeverRetargets     bool // the rollout leaves a node on its way to an older version as pending (upgrade.PlanRollout's old rule)
 	onlyCreatesCheckFreshness bool // a reconcile whose status did not change relabels, cordons and drains unchecked (before issue 19)
 	strandedRecordDropped     bool // an Absent record of a config still in the kernel, with no spec entry, is dropped (before the fix of issue 18)
 }
@@ -849,11 +850,9 @@ func (w *world) reconcileLabels(node string) {
 	setLabel(sn.labels, kmmv1beta1.DevicePluginVersionLabel(ns, name), out.DevicePlugin, out.DevicePlugin != "")
 }
 
-// reconcileRollout plays the automatic rollout by its documented rule (docs/api.md): nodes in name
-// order get the version-module label of the Module's version while at most maxUnavailable nodes are
-// upgrading, cordoned or NotReady; a cordoned or NotReady node never starts. (Package upgrade's own
-// simulation checks its planner against the same rule; here it is the actor that makes the drains
-// of several nodes overlap or not.)
+// reconcileRollout is the automatic rollout: the real planner (upgrade.PlanRollout) on what the
+// world shows, so that the drains of several nodes overlap exactly as the operator makes them. The
+// rollout faults change what the planner sees, to play the rules it must not follow.
 func (w *world) reconcileRollout() {
 	sm := w.modules[modVersion]
 	if !w.cfg.automatic || sm == nil || !sm.exists {
@@ -861,26 +860,35 @@ func (w *world) reconcileRollout() {
 	}
 	ns, name := splitKey(modVersion)
 	key := kmmv1beta1.ModuleVersionLabel(ns, name)
-	unavailable := 0
-	var candidates []string
+	in := upgrade.RolloutInput{Module: w.moduleObject(modVersion)}
 	for _, n := range w.cfg.nodes {
 		sn, st := w.nodes[n], w.nmcs[n].status[modVersion]
-		label, labelled := sn.labels[key]
-		done := labelled && label == sm.version && st.State == Loaded && st.Config != nil && st.Config.Version == sm.version
-		switch {
-		case labelled && label == sm.version && !done:
-			if !w.faults.rolloutIgnoresInProgress {
-				unavailable++
-			}
-		case (!sn.ready || sn.cordoned) && (!done || !w.faults.rolloutDoneIgnoresCordon):
-			unavailable++
-		case !done:
-			candidates = append(candidates, n)
+		rn := upgrade.RolloutNode{Name: n, Labels: sn.labels, Ready: sn.ready, Unschedulable: sn.cordoned, State: st.State}
+		if st.Config != nil {
+			rn.LoadedVersion = st.Config.Version
 		}
+		rn.CordonedByKMM = st.Drain != nil && st.Drain.CordonedByKMM
+		in.Nodes = append(in.Nodes, w.faults.rolloutView(rn, key, sm.version))
 	}
-	for _, n := range candidates[:min(max(w.cfg.maxUnavailable-unavailable, 0), len(candidates))] {
-		w.nodes[n].labels[key] = sm.version
+	intents, _ := upgrade.PlanRollout(in)
+	for _, it := range intents {
+		w.nodes[it.Node].labels[key] = it.Version
 	}
+}
+
+// rolloutView is what a faulty rollout sees of a node: a node it must count or retarget, shown
+// as one it may ignore.
+func (f faults) rolloutView(n upgrade.RolloutNode, key, version string) upgrade.RolloutNode {
+	label, labelled := n.Labels[key]
+	runsLabel := n.State == Loaded && n.LoadedVersion == label
+	switch {
+	case f.rolloutIgnoresInProgress && labelled && label == version && !runsLabel,
+		f.rolloutDoneIgnoresCordon && labelled && label == version && runsLabel:
+		n.State, n.LoadedVersion, n.Ready, n.Unschedulable = Loaded, version, true, false
+	case f.rolloutNeverRetargets && labelled && label != version:
+		n.State, n.LoadedVersion, n.CordonedByKMM = Loaded, label, false
+	}
+	return n
 }
 
 // reconcileDaemonSets plays the DaemonSet controller: a device plugin pod runs where the node has

@@ -215,7 +215,7 @@ func containsAny(s string, subs []string) bool {
 
 // TestRolloutCountsADoneNodeStillCordoned scripts the interleaving in which kmm's uncordon of a
 // node that finished its upgrade is refused, and the rollout starts the next node: counting only the
-// nodes that are not done (upgrade.planRollout's rule, the fault rolloutDoneIgnoresCordon), kmm then
+// nodes that are not done (upgrade.PlanRollout's old rule, the fault rolloutDoneIgnoresCordon), kmm then
 // holds two cordons with maxUnavailable 1; counting every cordoned node, as docs/api.md says the
 // budget does, it holds one. (Eight steps from the starting world: beyond the explorer's depth.)
 func TestRolloutCountsADoneNodeStillCordoned(t *testing.T) {
@@ -274,29 +274,32 @@ func TestStaleReconcileDoesNotRelabel(t *testing.T) {
 	}
 }
 
-// TestOpenFindingBumpDuringRolloutStalls documents an open finding rapid made (docs/evidence.md):
-// with an automatic rollout, a second version bump while a node is on its way to the first (and
-// another node cordoned, so that the rollout cannot retarget it at once) leaves that node's label at
-// the first version, kmm's own cordon on it and its spec entry at the old version; the rollout, which
-// never starts a cordoned node, stalls for good once the other cordon is lifted. The model does not bump then
-// (bumpStallsTheRollout); when this test fails, the stall is fixed: remove that guard and this test.
-func TestOpenFindingBumpDuringRolloutStalls(t *testing.T) {
-	cfg := rapidConfig(true)
-	w := rootFresh.start(&cfg, faults{})
-	w.catchUp()
-	w.catchUp()
-	w.bumpVersion()               // v2
-	w.catchUp()                   // the rollout starts n0
-	w.bumpVersion()               // v3, while n0 is on its way to v2
-	w.nodes["n1"].cordoned = true // the user cordons n1: the budget is used up, n0 keeps its v2 label
-	w.reconcileLabels("n0")
-	w.finishPod(w.livePod("n0", modVersion), true)
-	w.catchUp() // n0 drains for v2, cordoned by kmm
-	w.remember()
-	w.settle(maxSettleRounds)
-	w.check()
-	w.checkConverged()
-	if !strings.Contains(strings.Join(w.violations, "\n"), "kmm's cordon of n0") {
-		t.Fatalf("the stall is gone (violations %v): remove bumpStallsTheRollout and this test; %s", w.violations, w.summary())
+// TestBumpDuringRolloutRetargets replays a finding rapid made: with an automatic rollout, a second
+// version bump while a node is on its way to the first (and another node cordoned, so that no
+// pending node may start) used to leave that node's label at the first version, kmm's own cordon on
+// it and its spec entry at the old version; the rollout never started a cordoned node, so it
+// stalled for good. The rollout now retargets a node in progress to a version the Module no longer
+// has (the fault rolloutNeverRetargets is the old rule).
+func TestBumpDuringRolloutRetargets(t *testing.T) {
+	for _, fault := range []bool{false, true} {
+		cfg := rapidConfig(true)
+		w := rootFresh.start(&cfg, faults{rolloutNeverRetargets: fault})
+		w.catchUp()
+		w.catchUp()
+		w.bumpVersion()               // v2
+		w.catchUp()                   // the rollout starts n0
+		w.bumpVersion()               // v3, while n0 is on its way to v2
+		w.nodes["n1"].cordoned = true // the user cordons n1: the budget is used up
+		w.reconcileLabels("n0")
+		w.finishPod(w.livePod("n0", modVersion), true)
+		w.catchUp() // n0 drains, cordoned by kmm
+		w.remember()
+		w.settle(maxSettleRounds)
+		w.check()
+		w.checkConverged()
+		stalled := strings.Contains(strings.Join(w.violations, "\n"), "kmm's cordon of n0")
+		if stalled != fault {
+			t.Errorf("rollout never retargets %v: stalled %v; violations %v; %s", fault, stalled, w.violations, w.summary())
+		}
 	}
 }

@@ -238,7 +238,7 @@ var triggerMessages = map[Trigger]string{
 	KernelChanged:    "the node runs another kernel than the spec is for",
 	BackOffExpired:   "back-off over: retrying",
 	DevicePluginGone: "device plugin pod gone from the node",
-	UpgradeAbandoned: "upgrade cannot go on: no version requested, or no spec entry for the requested one",
+	UpgradeAbandoned: "upgrade cannot go on: no version requested, or no spec entry for the requested version on the node's kernel",
 }
 
 // sameEntry says whether two spec entries ask for the same thing.

@@ -33,6 +33,15 @@ type RolloutNode struct {
 	State kmmv1beta1.ModuleState
 	// LoadedVersion is the version of the config in the pair's NMC status ("" when none).
 	LoadedVersion string
+	// CordonedByKMM: the pair's drain record says the node's cordon is kmm's.
+	CordonedByKMM bool
+}
+
+// startedTowards says whether the node's pair is on its way to the version label: it drains or
+// unloads another version for it (or has unloaded it), or kmm cordoned the node for it. A reload of
+// the label's own version after a reboot, or a first load, is not.
+func (n *RolloutNode) startedTowards(label string) bool {
+	return n.State == kmmv1beta1.StateUpgrading || n.CordonedByKMM || (n.LoadedVersion != "" && n.LoadedVersion != label)
 }
 
 // Intent asks to set the version-module label of Node to Version.
@@ -47,7 +56,7 @@ type Progress struct {
 	Total int
 	// Done, InProgress and Pending partition the managed nodes.
 	Done, InProgress, Pending int
-	// Unavailable counts in-progress nodes plus cordoned or NotReady nodes that are not done.
+	// Unavailable counts in-progress nodes plus cordoned or NotReady nodes, done or not.
 	Unavailable int
 	// Budget is maxUnavailable resolved against Total.
 	Budget int
@@ -58,7 +67,7 @@ func (p Progress) Complete() bool {
 	return p.Done == p.Total
 }
 
-// planRollout returns the version-module labels to set, and the classification of the selected
+// PlanRollout returns the version-module labels to set, and the classification of the selected
 // nodes behind them, so that the rollout advances without more than maxUnavailable nodes
 // unavailable at once:
 //
@@ -66,62 +75,84 @@ func (p Progress) Complete() bool {
 //     being deleted);
 //   - nodes with the upgrade-skip label are never touched and do not count anywhere;
 //   - a node is done when its label equals the version and its pair is Loaded with that version,
-//     in progress when its label equals the version but it is not done, and pending otherwise
+//     in progress when its label equals the version but it is not done, or when it started
+//     towards the version its label names and the Module has since left (startedTowards), and
+//     pending otherwise
 //     (a missing label is adopted: it is set like any other);
-//   - unavailable = in-progress nodes + cordoned or NotReady nodes that are not done;
+//   - unavailable = in-progress nodes + cordoned or NotReady nodes (done ones too: a cordon kmm
+//     has not lifted yet, or a node that went NotReady after its upgrade, is unavailable all the same);
+//   - a node in progress to a version the Module no longer has (a bump during the rollout) is
+//     retargeted at once: it is unavailable already, and kmm's own cordon would otherwise keep it
+//     from ever starting again;
 //   - at most budget − unavailable pending nodes start, by name; a cordoned or NotReady pending
 //     node never starts.
-func planRollout(in RolloutInput) ([]Intent, Progress) {
+func PlanRollout(in RolloutInput) ([]Intent, Progress) {
 	m := in.Module
 	if m == nil || !automatic(m) {
 		return nil, Progress{}
 	}
 	version := m.Spec.Version()
-	p, candidates := classify(m, in.Nodes)
+	p, c := classify(m, in.Nodes)
 	p.Budget = budget(m.Spec.UpgradePolicy, p.Total)
 
-	free := p.Budget - p.Unavailable
-	if free <= 0 || len(candidates) == 0 {
+	starts := c.pending
+	slices.SortFunc(starts, strings.Compare)
+	starts = starts[:min(max(p.Budget-p.Unavailable, 0), len(starts))]
+	names := append(slices.Sorted(slices.Values(c.retarget)), starts...)
+	if len(names) == 0 {
 		return nil, p
 	}
-	slices.SortFunc(candidates, strings.Compare)
-	candidates = candidates[:min(free, len(candidates))]
-	intents := make([]Intent, 0, len(candidates))
-	for _, name := range candidates {
+	intents := make([]Intent, 0, len(names))
+	for _, name := range names {
 		intents = append(intents, Intent{Node: name, Version: version})
 	}
 	return intents, p
 }
 
-// classify counts the managed nodes as done, in progress or pending and returns the pending nodes
-// that may start (Ready and schedulable).
-func classify(m *kmmv1beta1.Module, nodes []RolloutNode) (Progress, []string) {
+// candidates are the nodes a rollout may label: pending nodes that may start (Ready and
+// schedulable), and nodes in progress to a version the Module no longer has.
+type candidates struct {
+	pending, retarget []string
+}
+
+// classify counts the managed nodes as done, in progress or pending and returns the nodes that may
+// be labelled.
+func classify(m *kmmv1beta1.Module, nodes []RolloutNode) (Progress, candidates) {
 	version := m.Spec.Version()
 	labelKey := kmmv1beta1.ModuleVersionLabel(m.Namespace, m.Name)
 	skipKey := kmmv1beta1.UpgradeSkipLabel(m.Namespace, m.Name)
 	var p Progress
-	var candidates []string
-	for _, n := range nodes {
+	var c candidates
+	for i := range nodes {
+		n := &nodes[i]
 		if _, skip := n.Labels[skipKey]; skip {
 			continue
 		}
 		p.Total++
 		label, hasLabel := n.Labels[labelKey]
+		runsLabel := n.State == kmmv1beta1.StateLoaded && n.LoadedVersion == label
+		unavailable := !n.Ready || n.Unschedulable
 		switch {
-		case hasLabel && label == version && n.State == kmmv1beta1.StateLoaded && n.LoadedVersion == version:
+		case hasLabel && label == version && runsLabel:
 			p.Done++
 		case hasLabel && label == version:
 			p.InProgress++
-			p.Unavailable++
-		case !n.Ready || n.Unschedulable:
-			p.Pending++
-			p.Unavailable++
+			unavailable = true
+		case hasLabel && n.startedTowards(label):
+			p.InProgress++
+			unavailable = true
+			c.retarget = append(c.retarget, n.Name)
 		default:
 			p.Pending++
-			candidates = append(candidates, n.Name)
+			if !unavailable {
+				c.pending = append(c.pending, n.Name)
+			}
+		}
+		if unavailable {
+			p.Unavailable++
 		}
 	}
-	return p, candidates
+	return p, c
 }
 
 // automatic says whether the operator rolls the Module's version out itself.

@@ -38,7 +38,7 @@ type nodeLabel struct{ node, key string }
 
 // RolloutReconciler is the automatic rollout of spec.upgradePolicy: per Module, it moves the
 // user's version-module label of the selected nodes to the Module's version, a few nodes at a
-// time (planRollout); the version label controller then carries out seed 002's flow per node.
+// time (PlanRollout); the version label controller then carries out seed 002's flow per node.
 type RolloutReconciler struct {
 	Client client.Client
 	// Clock dates the label expectations (the real clock when nil).
@@ -77,7 +77,7 @@ func (r *RolloutReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Complete(r)
 }
 
-// nodeRolloutFactsChanged passes node updates that change what planRollout reads: labels,
+// nodeRolloutFactsChanged passes node updates that change what PlanRollout reads: labels,
 // cordon, readiness.
 func nodeRolloutFactsChanged() predicate.Predicate {
 	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
@@ -143,7 +143,7 @@ func (r *RolloutReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	intents, progress := planRollout(in)
+	intents, progress := PlanRollout(in)
 	log := ctrl.LoggerFrom(ctx).WithValues("module", req.NamespacedName, "version", m.Spec.Version())
 	key := kmmv1beta1.ModuleVersionLabel(m.Namespace, m.Name)
 	for _, it := range intents {
@@ -177,6 +177,7 @@ func (r *RolloutReconciler) gather(ctx context.Context, m *kmmv1beta1.Module) (R
 		}
 		if st := nmc.StatusEntry(m.Namespace, m.Name); st != nil {
 			rn.State = st.State
+			rn.CordonedByKMM = st.Drain != nil && st.Drain.CordonedByKMM
 			if st.Config != nil {
 				rn.LoadedVersion = st.Config.Version
 			}

@@ -17,7 +17,7 @@ import (
 // This file simulates the automatic rollout: a small world of nodes whose (node, Module) pairs
 // move one state at a time along seed 002's upgrade path (Loaded v1 → DevicePluginDraining → the
 // device plugin pod leaves → Unloading → Upgrading → Loading → Loaded v2 → the device plugin pod
-// comes back), nodes that go NotReady or get cordoned at random, and the real planRollout moving
+// comes back), nodes that go NotReady or get cordoned at random, and the real PlanRollout moving
 // the version-module labels. Invariants are checked after every step; when events stop and every
 // node is Ready, every node that is not skipped must end Loaded with the new version. The
 // package's TestMain (suite_test.go) lengthens rapid's interleavings for it.
@@ -31,7 +31,7 @@ const (
 	simNew = "v2"
 )
 
-// rolloutFaults are deliberately broken planners (wrappers that hide facts from planRollout) and
+// rolloutFaults are deliberately broken planners (wrappers that hide facts from PlanRollout) and
 // a broken node; the seeded-fault tests require the simulation to catch each one.
 type rolloutFaults struct {
 	ignoresBudget         bool // the planner plans as if maxUnavailable were 100%
@@ -188,7 +188,7 @@ func (n *rolloutSimNode) inProgress() bool {
 
 // plan runs the planner and applies its intents (the rollout controller's patches).
 func (w *rolloutWorld) plan() {
-	intents := firstIntents(planRollout(w.input()))
+	intents := firstIntents(PlanRollout(w.input()))
 	if len(intents) == 0 {
 		return
 	}

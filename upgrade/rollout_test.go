@@ -51,6 +51,10 @@ func upgrading(name string, state kmmv1beta1.ModuleState, loaded string) Rollout
 	return RolloutNode{Name: name, Labels: map[string]string{tLabel: "v2"}, Ready: true, State: state, LoadedVersion: loaded}
 }
 
+func kmmCordoned(n RolloutNode) RolloutNode {
+	n.Unschedulable, n.CordonedByKMM = true, true
+	return n
+}
 func notReady(n RolloutNode) RolloutNode   { n.Ready = false; return n }
 func cordoned(n RolloutNode) RolloutNode   { n.Unschedulable = true; return n }
 func unlabelled(n RolloutNode) RolloutNode { n.Labels = map[string]string{}; return n }
@@ -117,8 +121,20 @@ func TestPlanRollout(t *testing.T) {
 			[]RolloutNode{cordoned(notReady(onV1("a"))), onV1("b"), onV1("c")}, to("v2", "b")},
 		{"an in-progress NotReady node counts once", rolloutModule("v2", auto(intOf(2))),
 			[]RolloutNode{notReady(upgrading("a", kmmv1beta1.StateLoading, "")), onV1("b"), onV1("c")}, to("v2", "b")},
-		{"a NotReady node already done does not count", rolloutModule("v2", auto(intOf(1))),
-			[]RolloutNode{notReady(onV2("a")), onV1("b")}, to("v2", "b")},
+		{"a NotReady node already done counts", rolloutModule("v2", auto(intOf(1))),
+			[]RolloutNode{notReady(onV2("a")), onV1("b")}, nil},
+		{"a done node still cordoned (kmm's uncordon not through yet) counts", rolloutModule("v2", auto(intOf(1))),
+			[]RolloutNode{cordoned(onV2("a")), onV1("b")}, nil},
+		{"a node on its way to a version the Module no longer has is retargeted at once", rolloutModule("v3", auto(intOf(1))),
+			[]RolloutNode{cordoned(upgrading("a", kmmv1beta1.StateUpgrading, "")), cordoned(onV1("b")), onV1("c")}, to("v3", "a")},
+		{"a retargeted node uses the budget", rolloutModule("v3", auto(intOf(2))),
+			[]RolloutNode{upgrading("b", kmmv1beta1.StateDevicePluginDraining, "v1"), onV1("a"), onV1("c")}, to("v3", "b", "a")},
+		{"a node kmm cordoned for a version the Module no longer has is retargeted, whatever its state", rolloutModule("v3", auto(intOf(1))),
+			[]RolloutNode{kmmCordoned(upgrading("a", kmmv1beta1.StateLoadBackOff, "")), onV1("b")}, to("v3", "a")},
+		{"a reload of the label's own version (after a reboot) is pending, not retargeted", rolloutModule("v3", auto(intOf(1))),
+			[]RolloutNode{upgrading("a", kmmv1beta1.StateLoading, ""), upgrading("b", kmmv1beta1.StateLoading, "")}, to("v3", "a")},
+		{"a node labelled with another version and Loaded with it is pending", rolloutModule("v3", auto(intOf(1))),
+			[]RolloutNode{cordoned(onV2("a")), onV1("b")}, nil},
 		{"unlabelled nodes are adopted", rolloutModule("v2", auto(intOf(2))),
 			nodes(func(n string) RolloutNode { return unlabelled(onV1(n)) }, "b", "a", "c"), to("v2", "a", "b")},
 		{"a fresh unlabelled node without status is adopted", rolloutModule("v1", auto(nil)),
@@ -134,9 +150,9 @@ func TestPlanRollout(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got := firstIntents(planRollout(RolloutInput{Module: tc.module, Nodes: tc.nodes}))
+			got := firstIntents(PlanRollout(RolloutInput{Module: tc.module, Nodes: tc.nodes}))
 			if !reflect.DeepEqual(got, tc.want) {
-				t.Fatalf("planRollout = %v, want %v", got, tc.want)
+				t.Fatalf("PlanRollout = %v, want %v", got, tc.want)
 			}
 		})
 	}
@@ -146,8 +162,8 @@ func TestPlanRolloutIgnoresADeletedModule(t *testing.T) {
 	m := rolloutModule("v2", auto(intOf(2)))
 	now := metav1.Now()
 	m.DeletionTimestamp = &now
-	if got := firstIntents(planRollout(RolloutInput{Module: m, Nodes: nodes(onV1, "a")})); got != nil {
-		t.Fatalf("planRollout of a Module being deleted = %v, want nothing", got)
+	if got := firstIntents(PlanRollout(RolloutInput{Module: m, Nodes: nodes(onV1, "a")})); got != nil {
+		t.Fatalf("PlanRollout of a Module being deleted = %v, want nothing", got)
 	}
 }
 
@@ -173,6 +189,6 @@ func firstIntents(intents []Intent, _ Progress) []Intent { return intents }
 
 // progressOf keeps the classification of a plan.
 func progressOf(in RolloutInput) Progress {
-	_, p := planRollout(in)
+	_, p := PlanRollout(in)
 	return p
 }
