@@ -39,8 +39,8 @@ var StateDescriptions = map[State]string{
 	Upgrading: "An ordered upgrade unloaded the old version and waits for the spec entry of the new " +
 		"version (the version label controller sets the worker-pod label, then the Module→NMC " +
 		"controller writes the entry). It then loads the new version. If the upgrade is abandoned " +
-		"(no version-module label), or no entry comes within 30 s of the worker-pod label allowing it " +
-		"(no kernel mapping, or the Module is at another version), the pair is Absent.",
+		"(no version-module label), or no entry for the node's kernel comes within 30 s of the worker-pod label allowing it " +
+		"(no kernel mapping: the node may have booted another kernel mid-upgrade; or the Module is at another version), the pair is Absent and kmm lifts its cordon.",
 	LoadBackOff: "The last load failed (WorkerFailed), its pod ran past the worker timeout " +
 		"(WorkerTimedOut: the pod is deleted), or no pod could be made (WorkerRejected: a config no " +
 		"worker can act on, or a pod the API server refused); attempts counts consecutive failures and " +
