@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -17,32 +18,36 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
-	"github.com/kmm-project/kmm/cmd/manager/app"
-	"github.com/kmm-project/kmm/test/agent"
 	"github.com/kmm-project/kmm/test/envtest"
 	"github.com/kmm-project/kmm/test/poll"
+	"github.com/kmm-project/kmm/test/testbed"
 )
 
-const kernel = "6.1.0-56-cloud-amd64"
+const kernel = testbed.KernelA
+
+// cluster is the package's control plane (test/testbed): kube-apiserver, etcd, the kube
+// controllers and the simulated kubelet; each test starts the operator it needs.
+var cluster *testbed.Cluster
+
+func TestMain(m *testing.M) {
+	ctrllog.SetLogger(logr.Discard()) // the operator's logs are not what these tests look at
+	c, err := testbed.Start()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	cluster = c
+	os.Exit(c.Run(m))
+}
 
 // TestAgainstTheOperator runs the operator and the simulated kubelet on a real API server, loads a
 // Module on three nodes and checks what `kubectl kmm` prints about them.
 func TestAgainstTheOperator(t *testing.T) {
-	env, err := envtest.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
-	ctrllog.SetLogger(logr.Discard()) // the operator's logs are not what this test looks at
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	startOperator(ctx, cancel, t, env)
-	k8s, err := client.New(env.Config, client.Options{Scheme: app.NewScheme()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	kubeconfig := writeKubeconfig(t, env)
-	nodes := startNodes(ctx, cancel, t, env, "kmm-cli-test", 3)
+	ctx := context.Background()
+	cluster.StartOperator(t)
+	k8s := cluster.Client
+	kubeconfig := writeKubeconfig(t, cluster.Env)
+	nodes := startNodes(ctx, t, "kmm-cli-test", 3)
 
 	// Before any Module, there is no NMC: the CLI says what that means, and it is not an error.
 	if out, err := kmm(t, "status", "--kubeconfig", kubeconfig); err != nil || !strings.Contains(out, "no NodeModulesConfig exists") {
@@ -83,6 +88,8 @@ func TestAgainstTheOperator(t *testing.T) {
 		}
 	}
 	checkJSON(t, kubeconfig, nodes)
+	checkPrinters(t, kubeconfig, nodes)
+	checkImpersonation(t, kubeconfig, nodes)
 
 	// A Module whose image cannot be pulled: the table says so on every node, with the failure class.
 	broken := testModule("drivers", "accel", "kmm-cli-test")
@@ -180,53 +187,14 @@ func kmm(t *testing.T, args ...string) (string, error) {
 	return out.String(), err
 }
 
-// startOperator runs the manager as test/testbed's StartOperator does, until ctx ends; the test's
-// cleanup cancels ctx and waits for the manager to stop.
-func startOperator(ctx context.Context, cancel context.CancelFunc, t *testing.T, env *envtest.Env) {
+// startNodes adds n nodes labelled label=yes to the test bed's simulated kubelet and returns their
+// names.
+func startNodes(ctx context.Context, t *testing.T, label string, n int) []string {
 	t.Helper()
-	opts := app.DefaultOptions()
-	opts.MetricsAddr, opts.ProbeAddr, opts.AllowRestartInProcess = "0", "0", true
-	opts.WebhookHost, opts.WebhookPort, opts.WebhookCertDir = env.WebhookHost, env.WebhookPort, env.WebhookCertDir
-	mgr, err := app.New(env.Config, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := mgr.Start(ctx); err != nil {
-			t.Errorf("manager: %v", err)
-		}
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
-	check := mgr.GetWebhookServer().StartedChecker()
-	eventually(t, "the webhook server to start", func() bool { return check(nil) == nil })
-}
-
-// startNodes starts the simulated kubelet with n nodes labelled label=yes and returns their names;
-// the test's cleanup cancels ctx and waits for the agent to stop.
-func startNodes(ctx context.Context, cancel context.CancelFunc, t *testing.T, env *envtest.Env, label string, n int) []string {
-	t.Helper()
-	a, err := agent.New(env.Config, agent.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = a.Start(ctx)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
 	var names []string
 	for i := range n {
 		name := fmt.Sprintf("node-%d", i+1)
-		if err := a.AddNode(ctx, name, kernel, map[string]string{label: "yes"}); err != nil {
+		if err := cluster.Agent.AddNode(ctx, name, kernel, map[string]string{label: "yes"}); err != nil {
 			t.Fatal(err)
 		}
 		names = append(names, name)

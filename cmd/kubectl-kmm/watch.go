@@ -86,7 +86,7 @@ func timeEqual(a, b *time.Time) bool {
 func removed(r PairRow) PairRow {
 	return PairRow{Node: r.Node, Module: r.Module, Namespace: r.Namespace, Name: r.Name,
 		State: string(kmmv1beta1.StateAbsent), Reason: reasonRemoved,
-		Message: "the NodeModulesConfig has no entry for the pair any more", Kernel: r.Kernel}
+		Message: "no entry on the NMC any more", Kernel: r.Kernel}
 }
 
 // relistBackOff spaces the lists status -w makes after its watch expired.
