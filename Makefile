@@ -138,6 +138,16 @@ bench-scale: tools ## Scale harness (test/scale): NODES simulated nodes x MODULE
 	go build -o $(BIN)/kmm-scale ./cmd/kmm-scale
 	$(BIN)/kmm-scale --nodes $(NODES) --modules $(MODULES) --manager $(BIN)/manager --out $(BIN)/scale $(SCALE_FLAGS)
 
+# `make chaos` (test/chaos): how long faults are injected, the seed, and extra test flags
+# (e.g. CHAOS_FLAGS="-chaos.nodes=6 -chaos.modules=2 -chaos.out=/tmp/chaos").
+CHAOS_DURATION ?= 4m
+CHAOS_SEED ?= 1
+CHAOS_FLAGS ?=
+
+.PHONY: chaos
+chaos: tools ## Fault injection (test/chaos): manager kills, partitions, kube-apiserver and etcd restarts, proxy faults; prints the report (docs/reliability.md).
+	go test -tags chaos -count=1 -timeout 30m -v ./test/chaos/ -args -chaos.duration=$(CHAOS_DURATION) -chaos.seed=$(CHAOS_SEED) $(CHAOS_FLAGS)
+
 .PHONY: verify
 verify: generate manifests diagrams fmt ## Regenerate everything and fail if the tree changed; then vet and lint.
 	@if [ -n "$$(git status --porcelain)" ]; then \

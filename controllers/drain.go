@@ -65,6 +65,9 @@ func (r *NMCReconciler) drainFacts(ctx context.Context, f *nodeFacts, key string
 	pods := &corev1.PodList{}
 	if err := r.APIReader.List(ctx, pods, client.MatchingLabelsSelector{Selector: sel},
 		client.MatchingFieldsSelector{Selector: fields.OneTermEqualSelector("spec.nodeName", f.node.Name)}); err != nil {
+		if errorAsNoPods(err) {
+			return out, nil
+		}
 		return out, err
 	}
 	pdbs, err := r.pdbsFor(ctx, pods.Items)
@@ -125,6 +128,9 @@ func protected(p *corev1.Pod, pdbs []policyv1.PodDisruptionBudget) bool {
 // escalation per pod), uncordon, and the drain-timeout gauge.
 func (r *NMCReconciler) executeDrain(ctx context.Context, f *nodeFacts, key string, p fsm.Plan) error {
 	if p.Uncordon {
+		if forgetsCordon(f.node.Name) {
+			return nil
+		}
 		return r.setUnschedulable(ctx, f, false)
 	}
 	d := p.Drain
@@ -133,6 +139,7 @@ func (r *NMCReconciler) executeDrain(ctx context.Context, f *nodeFacts, key stri
 	}
 	var errs []error
 	if d.Cordon {
+		rememberCordon(f.node.Name)
 		errs = append(errs, r.setUnschedulable(ctx, f, true))
 	}
 	for _, w := range d.Evict {

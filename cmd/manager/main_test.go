@@ -129,16 +129,27 @@ func TestOptionsValidate(t *testing.T) {
 	if err := o.Validate(); err != nil {
 		t.Fatalf("Validate() with an absolute sandbox: %v", err)
 	}
+	for _, le := range [][3]time.Duration{{time.Second, time.Second, 0}, {0, 20 * time.Second, 0}, {0, 0, 10 * time.Second}, {-time.Second, 0, 0}} {
+		o = app.DefaultOptions()
+		o.LeaseDuration, o.RenewDeadline, o.RetryPeriod = le[0], le[1], le[2]
+		if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "leader") {
+			t.Fatalf("Validate() with the leader election timing %v = %v", le, err)
+		}
+	}
+	o.LeaseDuration, o.RenewDeadline, o.RetryPeriod = time.Second, 750*time.Millisecond, 150*time.Millisecond
+	if err := o.Validate(); err != nil {
+		t.Fatalf("Validate() with a short leader election timing: %v", err)
+	}
 }
 
 func TestParseArgs(t *testing.T) {
 	a, err := app.ParseArgs([]string{"--kubeconfig=/k", "--log-level=debug", "--cert-management=self", "--worker-image=reg/w:1", "--metrics-secure",
-		"--worker-dry-run-sandbox=/sandbox"})
+		"--worker-dry-run-sandbox=/sandbox", "--leader-elect-lease-duration=3s", "--leader-elect-renew-deadline=2s", "--leader-elect-retry-period=500ms"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if a.Kubeconfig != "/k" || a.LogLevel != "debug" || a.CertManagement != "self" || a.WorkerImage != "reg/w:1" || !a.MetricsSecure ||
-		a.WorkerDryRunSandbox != "/sandbox" {
+		a.WorkerDryRunSandbox != "/sandbox" || a.LeaseDuration != 3*time.Second || a.RenewDeadline != 2*time.Second || a.RetryPeriod != 500*time.Millisecond {
 		t.Fatalf("ParseArgs = %+v", a)
 	}
 	if d := app.DefaultOptions(); a.QPS != d.QPS || a.Certs != d.Certs {

@@ -40,6 +40,9 @@ type Options struct {
 	// Bare installs nothing: no CRDs, no webhook configuration (for tests that install kmm the
 	// way an administrator does).
 	Bare bool
+	// NoWebhook installs the CRDs but no webhook configuration (for operators run without their
+	// webhook, such as several replicas on one host).
+	NoWebhook bool
 	// APIServerFlags are set on kube-apiserver on top of envtest's defaults.
 	APIServerFlags map[string]string
 }
@@ -59,6 +62,8 @@ func StartWith(o Options) (*Env, error) {
 	if !o.Bare {
 		te.CRDDirectoryPaths = []string{filepath.Join(root, "config", "crd", "bases")}
 		te.ErrorIfCRDPathMissing = true
+	}
+	if !o.Bare && !o.NoWebhook {
 		te.WebhookInstallOptions = envtest.WebhookInstallOptions{
 			Paths:            []string{filepath.Join(root, "config", "webhook", "manifests.yaml")},
 			LocalServingHost: "127.0.0.1",

@@ -6,6 +6,7 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -66,12 +67,18 @@ type Options struct {
 	PprofAddr            string
 	LeaderElect          bool
 	LeaderElectNamespace string
-	QPS                  float64
-	Burst                int
-	WebhookHost          string
-	WebhookPort          int
-	WebhookCertDir       string
-	DisableWebhook       bool
+	// LeaseDuration, RenewDeadline and RetryPeriod time the leader election (zero: controller-runtime's
+	// 15 s, 10 s and 2 s). The chaos harness (test/chaos) shortens them to partition a replica
+	// from the API server many times in one run.
+	LeaseDuration  time.Duration
+	RenewDeadline  time.Duration
+	RetryPeriod    time.Duration
+	QPS            float64
+	Burst          int
+	WebhookHost    string
+	WebhookPort    int
+	WebhookCertDir string
+	DisableWebhook bool
 	// CertManagement says who provides the webhook's serving certificate: certs.ModeSelf (kmm,
 	// configured by Certs) or certs.ModeNone (files in WebhookCertDir, e.g. from cert-manager).
 	CertManagement string
@@ -131,6 +138,9 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.PprofAddr, "pprof-bind-address", o.PprofAddr, "Address of the net/http/pprof endpoints (/debug/pprof/); empty or 0 disables them.")
 	fs.BoolVar(&o.LeaderElect, "leader-elect", o.LeaderElect, "Elect a leader so that only one replica reconciles.")
 	fs.StringVar(&o.LeaderElectNamespace, "leader-elect-namespace", o.LeaderElectNamespace, "Namespace of the leader election Lease (default: the pod's namespace).")
+	fs.DurationVar(&o.LeaseDuration, "leader-elect-lease-duration", o.LeaseDuration, "How long a replica waits, after the leader's last renewal, before it takes the Lease over (0: 15s).")
+	fs.DurationVar(&o.RenewDeadline, "leader-elect-renew-deadline", o.RenewDeadline, "How long the leader retries renewing its Lease before it stops leading and exits (0: 10s).")
+	fs.DurationVar(&o.RetryPeriod, "leader-elect-retry-period", o.RetryPeriod, "Wait between leader election attempts (0: 2s).")
 	fs.Float64Var(&o.QPS, "kube-api-qps", o.QPS, "Sustained requests per second to the API server.")
 	fs.IntVar(&o.Burst, "kube-api-burst", o.Burst, "Burst of requests to the API server above kube-api-qps.")
 	fs.StringVar(&o.WebhookHost, "webhook-host", o.WebhookHost, "Address the admission webhook server listens on (default: all).")
@@ -165,6 +175,20 @@ func (o *Options) validateHostPaths() error {
 	return nil
 }
 
+// validateLeaderElection checks the leader election timing: each set value positive, and the
+// renew deadline between the retry period and the lease duration.
+func (o *Options) validateLeaderElection() error {
+	ld, rd, rp := o.LeaseDuration, o.RenewDeadline, o.RetryPeriod
+	if ld < 0 || rd < 0 || rp < 0 {
+		return fmt.Errorf("leader-elect-lease-duration, -renew-deadline and -retry-period must not be negative, got %v, %v and %v", ld, rd, rp)
+	}
+	ld, rd, rp = cmp.Or(ld, 15*time.Second), cmp.Or(rd, 10*time.Second), cmp.Or(rp, 2*time.Second)
+	if rd >= ld || rp >= rd {
+		return fmt.Errorf("leader election needs retry period < renew deadline < lease duration, got %v, %v and %v", rp, rd, ld)
+	}
+	return nil
+}
+
 // Validate reports options that cannot work.
 func (o *Options) Validate() error {
 	if o.QPS <= 0 || o.Burst <= 0 {
@@ -177,6 +201,9 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("worker-image must be set and nmc-concurrency at least 1, got %q and %d", o.WorkerImage, o.NMCConcurrency)
 	}
 	if err := o.validateHostPaths(); err != nil {
+		return err
+	}
+	if err := o.validateLeaderElection(); err != nil {
 		return err
 	}
 	if o.DisableWebhook {
@@ -271,6 +298,10 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 		metrics.SecureServing = true
 		metrics.FilterProvider = filters.WithAuthenticationAndAuthorization
 	}
+	lock, err := seededLeaderLock(cfg, o)
+	if err != nil {
+		return nil, err
+	}
 	certOpts := o.certOptions()
 	if o.AllowRestartInProcess {
 		certOpts.ControllerName = fmt.Sprintf("%s-%d", certOpts.ControllerName, managersInProcess.Add(1))
@@ -288,9 +319,13 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 		// (15 s). On make e2e's real node the load a deleted operator pod left was Loaded 6.7 s
 		// after the deletion, 17.5 s without.
 		// The process exits when Start returns, so nothing runs on after the release.
-		LeaderElectionReleaseOnCancel: true,
-		Controller:                    config.Controller{SkipNameValidation: ptr.To(o.AllowRestartInProcess)},
-		Cache:                         cacheOptions(o, certOpts),
+		LeaderElectionReleaseOnCancel:       true,
+		LeaseDuration:                       nonZero(o.LeaseDuration),
+		RenewDeadline:                       nonZero(o.RenewDeadline),
+		RetryPeriod:                         nonZero(o.RetryPeriod),
+		LeaderElectionResourceLockInterface: lock,
+		Controller:                          config.Controller{SkipNameValidation: ptr.To(o.AllowRestartInProcess)},
+		Cache:                               cacheOptions(o, certOpts),
 		WebhookServer: webhook.NewServer(webhook.Options{
 			Host:    o.WebhookHost,
 			Port:    o.WebhookPort,
@@ -331,6 +366,14 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 		}
 	}
 	return mgr, nil
+}
+
+// nonZero is &d, or nil (controller-runtime's default) when d is zero.
+func nonZero(d time.Duration) *time.Duration {
+	if d == 0 {
+		return nil
+	}
+	return &d
 }
 
 // setupSelfManagedCerts creates the certificate Secret when missing, adds the rotator, and

@@ -1,0 +1,287 @@
+// Package chaos is the fault-injection harness of issue 23 (`make chaos`): the local control plane
+// (etcd and kube-apiserver from test/envtest, with kube-controller-manager and kube-scheduler), the
+// test agent (test/agent) as the kubelet of N simulated nodes, and two operator replicas as
+// separate processes with leader election, each reaching the API server through a proxy the
+// harness controls. While Modules are loaded, upgraded in order with a drain (a version bump under
+// an automatic rollout) and deleted, round after round, an injector at seeded random points kills
+// a replica (SIGKILL, restarted at once), partitions the leader from the API server until it loses
+// its Lease, restarts kube-apiserver and etcd (same ports, same data), and makes the proxies cut
+// watch streams, answer a share of requests with 429, 500 or 409 and delay others. A watcher with
+// its own client checks SPEC §4's invariants on every event (watcher.go) and every write a replica
+// sends against the Lease holder; at the end every pair must converge and every cordon be lifted.
+// Run returns a Report: faults by kind, checks made, violations, time to converge after the last
+// fault, and writes per pair against a fault-free round.
+//
+// The seeded bugs of internal/chaosbug (a manager built with -tags chaosbugs) show that the
+// watcher catches what each kind of fault can break (chaos_test.go).
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/kmm-project/kmm/cmd/manager/app"
+	"github.com/kmm-project/kmm/test/agent"
+	"github.com/kmm-project/kmm/test/envtest"
+)
+
+// Namespace holds the Modules and the workload pods; LeaseNamespace the replicas' Lease.
+const (
+	Namespace      = "kmm-chaos"
+	LeaseNamespace = "kmm-chaos-system"
+	// Kernel is the kernel every simulated node runs.
+	Kernel = "6.1.0-56-cloud-amd64"
+)
+
+// Options configure a run.
+type Options struct {
+	// Manager is the operator binary (go build ./cmd/manager, -tags chaosbugs for seeded bugs).
+	Manager string
+	// Nodes and Modules: N simulated nodes, M Modules selecting all of them.
+	Nodes, Modules int
+	// Seed draws every fault point and proxy fault.
+	Seed uint64
+	// Duration is how long faults are injected (rounds of load, upgrade and deletion go on meanwhile).
+	Duration time.Duration
+	// ConvergeTimeout bounds the convergence after the last fault (default 90 s).
+	ConvergeTimeout time.Duration
+	// Faults are the kinds injected (default: all of FaultKinds).
+	Faults []string
+	// Intervals are the mean waits between two faults of a kind (defaults in defaultIntervals);
+	// the request faults (429, 500, 409, delay) are shares instead, in Proxy.
+	Intervals map[string]time.Duration
+	// Proxy are the request fault shares while faults are injected.
+	Proxy ProxyFaults
+	// Lease timing of the replicas (defaults 2 s, 1 s, 200 ms: short, so that a partition ends in
+	// about two seconds, with a second between the leader's giving up and the next one's taking
+	// over, as controller-runtime's defaults of 15 s, 10 s and 2 s keep several).
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	// Bugs are seeded bugs planted in both replicas (KMM_CHAOS_BUGS; needs a chaosbugs build).
+	Bugs []string
+	// Baseline runs one fault-free round first, for the writes per pair.
+	Baseline bool
+	// StopOnViolation ends the fault phase at the first violation (the seeded-bug tests).
+	StopOnViolation bool
+	// OutDir receives the logs (default: a temporary directory, removed).
+	OutDir string
+	// Log receives progress lines; nil discards them.
+	Log io.Writer
+}
+
+// defaultIntervals are the mean waits between faults of each kind.
+// The partition, kube-apiserver and etcd loops wait their interval after the previous fault ended
+// (a partition lasts until the Lease moved; a restart until the process is ready again).
+var defaultIntervals = map[string]time.Duration{
+	FaultKill: 2 * time.Second, FaultPartition: 200 * time.Millisecond, FaultAPIServerRestart: 20 * time.Second,
+	FaultEtcdRestart: 1500 * time.Millisecond, FaultWatchCut: 500 * time.Millisecond,
+}
+
+// harness is a running environment.
+type harness struct {
+	o        Options
+	env      *envtest.Env
+	cfg      *rest.Config
+	k8s      client.Client
+	agent    *agent.Agent
+	leases   *leaseBook
+	counts   *faultCounts
+	watch    *watcher
+	replicas []*replica
+	plane    map[string]*restartable
+	planeMu  sync.Mutex // one control-plane restart at a time
+	nodes    []string
+	rng      *rand.Rand
+	rngMu    sync.Mutex
+	log      io.Writer
+	faultsAt struct {
+		sync.Mutex
+		last time.Time
+	}
+	downtime map[string][]time.Duration
+	curPhase string
+}
+
+func (h *harness) sayf(format string, args ...any) {
+	_, _ = fmt.Fprintf(h.log, time.Now().Format("15:04:05.000")+" "+format+"\n", args...)
+}
+
+// Run sets the environment up, runs the rounds under faults, and tears it all down.
+func Run(ctx context.Context, o Options) (*Report, error) {
+	if o.Manager == "" || o.Nodes <= 0 || o.Modules <= 0 {
+		return nil, errors.New("chaos: Manager, Nodes and Modules must be set")
+	}
+	setDefaults(&o)
+	if o.OutDir == "" {
+		dir, err := os.MkdirTemp("", "kmm-chaos-")
+		if err != nil {
+			return nil, err
+		}
+		defer func() { _ = os.RemoveAll(dir) }()
+		o.OutDir = dir
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	h := &harness{o: o, leases: newLeaseBook(), counts: newFaultCounts(), log: o.Log, plane: map[string]*restartable{},
+		rng:      rand.New(rand.NewPCG(o.Seed, 1)), //nolint:gosec // G404: seeded on purpose, for reproducible fault points
+		downtime: map[string][]time.Duration{}}
+	h.watch = newWatcher(h.leases)
+	cleanup, err := h.setUp(ctx)
+	defer cleanup()
+	if err != nil {
+		return nil, err
+	}
+	return h.run(ctx)
+}
+
+func setDefaults(o *Options) {
+	if o.Log == nil {
+		o.Log = io.Discard
+	}
+	if o.ConvergeTimeout == 0 {
+		o.ConvergeTimeout = 90 * time.Second
+	}
+	if o.Faults == nil {
+		o.Faults = FaultKinds
+	}
+	if o.LeaseDuration == 0 {
+		o.LeaseDuration, o.RenewDeadline, o.RetryPeriod = 2*time.Second, time.Second, 200*time.Millisecond
+	}
+	iv := map[string]time.Duration{}
+	for k, v := range defaultIntervals {
+		iv[k] = v
+	}
+	for k, v := range o.Intervals {
+		iv[k] = v
+	}
+	o.Intervals = iv
+}
+
+// setUp starts the control plane, the kube controllers, the agent and its nodes, the watcher, the
+// proxies and the replicas.
+func (h *harness) setUp(ctx context.Context) (func(), error) {
+	var undo []func()
+	cleanup := func() {
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
+	}
+	h.sayf("starting etcd, kube-apiserver, kube-controller-manager and kube-scheduler")
+	env, err := envtest.StartWith(envtest.Options{NoWebhook: true})
+	if err != nil {
+		return cleanup, err
+	}
+	h.env, h.cfg = env, env.Config
+	undo = append(undo, func() { _ = env.Stop() })
+	for _, name := range []string{"etcd", "kube-apiserver"} {
+		r, err := findChild(name, h.o.OutDir)
+		if err != nil {
+			return cleanup, err
+		}
+		h.plane[name] = r
+		undo = append(undo, r.stop)
+	}
+	if err := env.StartKubeControllers(); err != nil {
+		return cleanup, err
+	}
+	cfg := rest.CopyConfig(env.Config)
+	cfg.QPS, cfg.Burst = -1, 0
+	if h.k8s, err = client.New(cfg, client.Options{Scheme: app.NewScheme()}); err != nil {
+		return cleanup, err
+	}
+	for _, ns := range []string{Namespace, LeaseNamespace} {
+		if err := h.k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+			return cleanup, err
+		}
+	}
+	if err := h.watch.start(ctx, cfg); err != nil {
+		return cleanup, err
+	}
+	if h.agent, err = agent.New(cfg, agent.Options{}); err != nil {
+		return cleanup, err
+	}
+	go func() { _ = h.agent.Start(ctx) }()
+	for i := range h.o.Nodes {
+		n := fmt.Sprintf("node-%02d", i)
+		if err := h.agent.AddNode(ctx, n, Kernel, map[string]string{"kmm-chaos": "true"}); err != nil {
+			return cleanup, err
+		}
+		h.nodes = append(h.nodes, n)
+	}
+	stop, err := h.startReplicas()
+	undo = append(undo, stop)
+	return cleanup, err
+}
+
+// startReplicas starts the two replicas, each behind its proxy.
+func (h *harness) startReplicas() (func(), error) {
+	var stops []func()
+	stop := func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+	}
+	args := []string{"--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--disable-webhook",
+		"--leader-elect", "--leader-elect-namespace", LeaseNamespace,
+		"--leader-elect-lease-duration", h.o.LeaseDuration.String(), "--leader-elect-renew-deadline", h.o.RenewDeadline.String(),
+		"--leader-elect-retry-period", h.o.RetryPeriod.String(),
+		"--worker-backoff", "500ms", "--worker-backoff-max", "2s", "--log-level", "info"}
+	var env []string
+	if len(h.o.Bugs) > 0 {
+		env = append(env, "KMM_CHAOS_BUGS="+strings.Join(h.o.Bugs, ","))
+	}
+	for i, name := range []string{"a", "b"} {
+		p, err := newProxy(h.cfg, name, h.o.Seed+uint64(i)+1, h.leases, h.counts, h.watch.write)
+		if err != nil {
+			return stop, err
+		}
+		stops = append(stops, p.close)
+		r, err := newReplica(name, h.o.Manager, h.o.OutDir, p, args, env)
+		if err != nil {
+			return stop, err
+		}
+		r.run()
+		stops = append(stops, r.stop)
+		h.replicas = append(h.replicas, r)
+	}
+	return stop, nil
+}
+
+// pick draws an integer in [0, n).
+func (h *harness) pick(n int) int {
+	h.rngMu.Lock()
+	defer h.rngMu.Unlock()
+	return h.rng.IntN(n)
+}
+
+// jitter draws a wait around mean (uniform in [mean/2, 3·mean/2)).
+func (h *harness) jitter(mean time.Duration) time.Duration {
+	h.rngMu.Lock()
+	defer h.rngMu.Unlock()
+	return mean/2 + time.Duration(h.rng.Int64N(int64(mean)+1))
+}
+
+// faulted records that a fault of kind just ended (for the time to converge after the last one).
+func (h *harness) faulted(kind string) {
+	h.counts.add(kind)
+	h.faultsAt.Lock()
+	h.faultsAt.last = time.Now()
+	h.faultsAt.Unlock()
+}
+
+func (h *harness) lastFault() time.Time {
+	h.faultsAt.Lock()
+	defer h.faultsAt.Unlock()
+	return h.faultsAt.last
+}

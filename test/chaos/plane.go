@@ -1,0 +1,216 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"k8s.io/client-go/rest"
+)
+
+// restartable is one control-plane process (etcd or kube-apiserver) the injector kills and starts
+// again with the same command line: same ports, same data directory, same certificates.
+type restartable struct {
+	name string
+	pid  int
+	args []string
+	dir  string
+	cmd  *exec.Cmd // nil while the process is envtest's own child
+	done chan struct{}
+	log  *os.File
+}
+
+// findChild finds this process's child named name (envtest starts etcd and kube-apiserver as
+// children of the test process) and reads its command line and working directory.
+func findChild(name, logDir string) (*restartable, error) {
+	dirs, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range dirs {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		s := string(stat)
+		open, end := strings.Index(s, "("), strings.LastIndex(s, ")")
+		if open < 0 || end < open {
+			continue
+		}
+		fields := strings.Fields(s[end+1:])
+		if s[open+1:end] != name || len(fields) < 2 || fields[1] != strconv.Itoa(os.Getpid()) {
+			continue
+		}
+		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil {
+			return nil, err
+		}
+		args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
+		cwd, err := os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid))
+		if err != nil {
+			return nil, err
+		}
+		log, err := os.Create(filepath.Join(logDir, name+".log"))
+		if err != nil {
+			return nil, err
+		}
+		return &restartable{name: name, pid: pid, args: args, dir: cwd, log: log}, nil
+	}
+	return nil, fmt.Errorf("no child process named %s", name)
+}
+
+// kill ends the process with SIGKILL and waits until it is gone.
+func (r *restartable) kill() error {
+	if err := syscall.Kill(r.pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return err
+	}
+	if r.cmd != nil {
+		<-r.done
+		return nil
+	}
+	// envtest's own child: envtest reaps it; wait until the pid is gone.
+	for i := 0; i < 500; i++ {
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d/stat", r.pid)); err != nil {
+			return nil
+		}
+		if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", r.pid)); err == nil && strings.Contains(string(st), ") Z ") {
+			return nil // a zombie, not yet reaped: the ports are free
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return fmt.Errorf("%s (pid %d) did not exit", r.name, r.pid)
+}
+
+// start runs the process again with its command line.
+func (r *restartable) start() error {
+	cmd := exec.Command(r.args[0], r.args[1:]...) //nolint:gosec // G204: the command line envtest ran
+	cmd.Dir, cmd.Stdout, cmd.Stderr = r.dir, r.log, r.log
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("starting %s again: %w", r.name, err)
+	}
+	r.cmd, r.pid, r.done = cmd, cmd.Process.Pid, make(chan struct{})
+	go func(done chan struct{}) { _ = cmd.Wait(); close(done) }(r.done)
+	return nil
+}
+
+// stop kills a process this package started (envtest stops its own).
+func (r *restartable) stop() {
+	if r.cmd != nil {
+		_ = r.kill()
+	}
+	_ = r.log.Close()
+}
+
+// argValue is the value of --flag=value in the command line ("" when absent).
+func (r *restartable) argValue(flag string) string {
+	for i, a := range r.args {
+		if v, ok := strings.CutPrefix(a, "--"+flag+"="); ok {
+			return v
+		}
+		if a == "--"+flag && i+1 < len(r.args) {
+			return r.args[i+1]
+		}
+	}
+	return ""
+}
+
+// restart kills the process and starts it again, then waits until ready says it serves; it
+// returns how long the process was down. A start that exits (its port not free yet) is retried.
+func (r *restartable) restart(ctx context.Context, ready func(context.Context) error) (time.Duration, error) {
+	t0 := time.Now()
+	if err := r.kill(); err != nil {
+		return 0, err
+	}
+	for attempt := 0; attempt < 50; attempt++ {
+		if err := r.start(); err != nil {
+			return 0, err
+		}
+		if r.waitReady(ctx, ready) {
+			return time.Since(t0), nil
+		}
+		if ctx.Err() != nil {
+			return 0, ctx.Err()
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return 0, fmt.Errorf("%s did not start again: see %s", r.name, r.log.Name())
+}
+
+// waitReady waits until ready holds (true) or the process exits (false).
+func (r *restartable) waitReady(ctx context.Context, ready func(context.Context) error) bool {
+	for {
+		if err := ready(ctx); err == nil {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-r.done:
+			return false
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// apiserverReady is a ready check of kube-apiserver: GET /readyz answers 200.
+func apiserverReady(cfg *rest.Config) (func(context.Context) error, error) {
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		return nil, err
+	}
+	url := strings.TrimSuffix(cfg.Host, "/") + "/readyz"
+	return func(ctx context.Context) error {
+		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return err
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			return err
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return errors.New(resp.Status)
+		}
+		return nil
+	}, nil
+}
+
+// etcdReady is a ready check of etcd: its /health on the client URL answers 200.
+func etcdReady(r *restartable) func(context.Context) error {
+	u := r.argValue("advertise-client-urls")
+	if i := strings.Index(u, ","); i >= 0 {
+		u = u[:i]
+	}
+	return func(ctx context.Context) error {
+		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, u+"/health", nil)
+		if err != nil {
+			return err
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return errors.New(resp.Status)
+		}
+		return nil
+	}
+}

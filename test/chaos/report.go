@@ -1,0 +1,71 @@
+package chaos
+
+import (
+	"fmt"
+	"io"
+	"strings"
+)
+
+// Report is what a run measured.
+type Report struct {
+	Seed    uint64   `json:"seed"`
+	Nodes   int      `json:"nodes"`
+	Modules int      `json:"modules"`
+	Pairs   int      `json:"pairs"`
+	Bugs    []string `json:"bugs,omitempty"`
+	// Rounds are the full rounds (load, upgrade, deletion) done under faults.
+	Rounds int `json:"rounds"`
+	// Faults are the faults injected, by kind (FaultKinds).
+	Faults map[string]int `json:"faults"`
+	// Checks are the invariant checks made, by invariant; Events the watch events seen.
+	Checks map[string]int `json:"checks"`
+	Events int            `json:"events"`
+	// Violations must be empty.
+	Violations []string `json:"violations"`
+	// ConvergeSeconds is the time from the last fault to every pair converged (the interrupted
+	// round finished, every Module deleted); ConvergedPhase the phase the faults stopped in.
+	ConvergeSeconds float64 `json:"convergeSeconds"`
+	ConvergedPhase  string  `json:"convergedPhase"`
+	// BaselineWrites and FaultWrites are the replicas' successful writes per pair per round,
+	// without faults and under them; BaselineSeconds the fault-free round's duration.
+	BaselineWrites  float64 `json:"baselineWrites"`
+	BaselineSeconds float64 `json:"baselineSeconds"`
+	FaultWrites     float64 `json:"faultWrites"`
+	// Downtime is, per restarted process, the median and longest time from kill to ready (s).
+	Downtime map[string][2]float64 `json:"downtime"`
+	// ReplicaStarts counts the starts of each replica (kills and lost Leases restart them).
+	ReplicaStarts map[string]int `json:"replicaStarts"`
+}
+
+// Print writes the report for people.
+func (r *Report) Print(w io.Writer) {
+	p := func(format string, args ...any) { _, _ = fmt.Fprintf(w, format+"\n", args...) }
+	p("chaos report: seed %d, %d nodes x %d Modules (%d pairs), %d rounds under faults%s", r.Seed, r.Nodes, r.Modules, r.Pairs, r.Rounds,
+		map[bool]string{true: ", seeded bugs " + strings.Join(r.Bugs, ","), false: ""}[len(r.Bugs) > 0])
+	p("faults injected:")
+	for _, k := range FaultKinds {
+		p("  %-18s %6d", k, r.Faults[k])
+	}
+	for _, name := range sortedKeys(r.Downtime) {
+		d := r.Downtime[name]
+		p("  %s down (kill to ready): median %.2f s, max %.2f s", name, d[0], d[1])
+	}
+	p("replica starts: %v", r.ReplicaStarts)
+	total := 0
+	p("invariant checks (%d watch events):", r.Events)
+	for _, k := range sortedKeys(r.Checks) {
+		p("  %-52s %8d", k, r.Checks[k])
+		total += r.Checks[k]
+	}
+	p("  %-52s %8d", "total", total)
+	p("violations: %d", len(r.Violations))
+	for i, v := range r.Violations {
+		if i == 20 {
+			p("  ... %d more", len(r.Violations)-20)
+			break
+		}
+		p("  %s", v)
+	}
+	p("time to converge after the last fault: %.1f s (faults stopped during %q)", r.ConvergeSeconds, r.ConvergedPhase)
+	p("writes per pair per round: %.1f fault-free (round of %.1f s), %.1f under faults", r.BaselineWrites, r.BaselineSeconds, r.FaultWrites)
+}
