@@ -128,6 +128,10 @@ func TestRunWithoutACluster(t *testing.T) {
 		"zsh completion":       {args: []string{"completion", "zsh"}, out: "#compdef kmm"},
 		"complete -o":          {args: []string{"__complete", "status", "-o", ""}, out: "jsonpath\n"},
 		"complete commands":    {args: []string{"__complete", ""}, out: "history"},
+		"complete contexts": {args: []string{"__complete", "status", "--kubeconfig", "testdata/two-contexts", "--context", ""},
+			out: "blue\nred\n"},
+		"complete users": {args: []string{"__complete", "--kubeconfig", "testdata/two-contexts", "history", "--user", ""},
+			out: "alice\nbob\n"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -2,9 +2,12 @@ package main
 
 import (
 	"context"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/spf13/cobra"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 )
@@ -78,4 +81,46 @@ func completionContext(ctx context.Context) (context.Context, context.CancelFunc
 		ctx = context.Background()
 	}
 	return context.WithTimeout(ctx, completionTimeout)
+}
+
+// registerFlagCompletions completes the connection flags whose values the kubeconfig or the
+// cluster knows: --context, --cluster and --user from the kubeconfig, -n from the namespaces that
+// hold Modules.
+func (o *rootOptions) registerFlagCompletions(cmd *cobra.Command) {
+	fromKubeconfig := func(names func(api *clientcmdapi.Config) []string) cobra.CompletionFunc {
+		return func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
+			raw, err := o.config.ToRawKubeConfigLoader().RawConfig()
+			if err != nil {
+				return nil, cobra.ShellCompDirectiveNoFileComp
+			}
+			return names(&raw), cobra.ShellCompDirectiveNoFileComp
+		}
+	}
+	_ = cmd.RegisterFlagCompletionFunc("context", fromKubeconfig(func(c *clientcmdapi.Config) []string { return slices.Sorted(maps.Keys(c.Contexts)) }))
+	_ = cmd.RegisterFlagCompletionFunc("cluster", fromKubeconfig(func(c *clientcmdapi.Config) []string { return slices.Sorted(maps.Keys(c.Clusters)) }))
+	_ = cmd.RegisterFlagCompletionFunc("user", fromKubeconfig(func(c *clientcmdapi.Config) []string { return slices.Sorted(maps.Keys(c.AuthInfos)) }))
+	_ = cmd.RegisterFlagCompletionFunc("namespace", func(cmd *cobra.Command, _ []string, _ string) ([]string, cobra.ShellCompDirective) {
+		return o.moduleNamespaces(cmd.Context()), cobra.ShellCompDirectiveNoFileComp
+	})
+}
+
+// moduleNamespaces are the namespaces that hold Modules, sorted.
+func (o *rootOptions) moduleNamespaces(ctx context.Context) []string {
+	ctx, cancel := completionContext(ctx)
+	defer cancel()
+	s, err := o.connect()
+	if err != nil {
+		return nil
+	}
+	modules, err := s.modules(ctx, moduleFilter{})
+	if err != nil {
+		return nil
+	}
+	var names []string
+	for _, m := range modules {
+		if len(names) == 0 || names[len(names)-1] != m.Namespace {
+			names = append(names, m.Namespace)
+		}
+	}
+	return names
 }

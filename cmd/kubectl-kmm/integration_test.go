@@ -90,6 +90,7 @@ func TestAgainstTheOperator(t *testing.T) {
 	checkJSON(t, kubeconfig, nodes)
 	checkPrinters(t, kubeconfig, nodes)
 	checkImpersonation(t, kubeconfig, nodes)
+	checkCompletion(t, kubeconfig)
 
 	// A Module whose image cannot be pulled: the table says so on every node, with the failure class.
 	broken := testModule("drivers", "accel", "kmm-cli-test")

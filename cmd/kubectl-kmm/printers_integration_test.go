@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"strings"
 	"testing"
@@ -110,4 +111,26 @@ func grant(t *testing.T, user string, resources []string, verbs ...string) {
 		_ = cluster.Client.Delete(ctx, binding)
 		_ = cluster.Client.Delete(ctx, role)
 	})
+}
+
+// checkCompletion checks the completions that come from the cluster: Modules for status, nodes
+// (their NMCs) for history, the namespaces holding Modules for -n.
+func checkCompletion(t *testing.T, kubeconfig string) {
+	t.Helper()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"status", ""}, "drivers/nic\n"},
+		{[]string{"status", "-n", "drivers", ""}, "nic\n"},
+		{[]string{"history", ""}, "node-1\nnode-2\nnode-3\n"},
+		{[]string{"history", "node-1", ""}, "drivers/nic\n"},
+		{[]string{"status", "-n", ""}, "drivers\n"},
+	} {
+		var out, log bytes.Buffer
+		args := append([]string{"__complete", "--kubeconfig", kubeconfig}, tc.args...)
+		if err := run(context.Background(), args, &out, &log); err != nil || !strings.HasPrefix(out.String(), tc.want+":4\n") {
+			t.Errorf("kubectl kmm %q (%v):\n%s\nwant %q, then the no-file directive", args, err, out.String(), tc.want)
+		}
+	}
 }

@@ -65,6 +65,7 @@ func (o *rootOptions) command() *cobra.Command {
 	cmd.SetErr(o.streams.ErrOut)
 	o.config.AddFlags(cmd.PersistentFlags())
 	cmd.PersistentFlags().IntVar(&o.width, "width", 0, "Terminal width the tables fit (default: $COLUMNS, else 100).")
+	o.registerFlagCompletions(cmd)
 	cmd.AddCommand(
 		newStatusCommand(o),
 		newHistoryCommand(o),

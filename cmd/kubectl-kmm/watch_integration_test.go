@@ -72,6 +72,23 @@ func TestStatusWatch(t *testing.T) {
 		t.Errorf("the change does not line up under STATE:\n%s", out.String())
 	}
 
+	// With -o, each change is one object through the printer: here the jsonpath of one row.
+	jsonOut := &syncBuffer{}
+	jctx, jcancel := context.WithCancel(ctx)
+	jdone := make(chan struct{})
+	go func() {
+		defer close(jdone)
+		_ = runWith(jctx, []string{"status", "-w", "-n", ns, "--kubeconfig", kubeconfig, "-o", `jsonpath={.module}={.state}{"\n"}`},
+			jsonOut, jsonOut, nil)
+	}()
+	t.Cleanup(func() {
+		jcancel()
+		<-jdone
+	})
+	waitLines(t, jsonOut, "-o jsonpath: the two rows", func(l []string) bool {
+		return strings.Join(l, ",") == ns+"/gpu=Loaded,"+ns+"/nic=Loaded"
+	})
+
 	// A new message alone is no change; the next change of reason after it is the only new line.
 	setPairs(t, nmc.Name, pair(ns, "nic", kmmv1beta1.StateLoaded, "WorkerSucceeded", "loaded again"),
 		pair(ns, "gpu", kmmv1beta1.StateLoaded, "WorkerSucceeded", ""))
@@ -80,6 +97,11 @@ func TestStatusWatch(t *testing.T) {
 	waitLines(t, out, "one line for gpu Unloading", func(l []string) bool {
 		return len(l) == 5 && has(l[4], "watch-node-1", ns+"/gpu", "Unloading", "SpecRemoved: unloading gpu")
 	})
+	waitLines(t, jsonOut, "-o jsonpath: the change of gpu, and nothing for the message", func(l []string) bool {
+		return strings.Join(l, ",") == ns+"/gpu=Loaded,"+ns+"/nic=Loaded,"+ns+"/gpu=Unloading"
+	})
+	jcancel()
+	<-jdone
 
 	// An entry removed, then the whole NMC: each pair once, Absent Removed.
 	setPairs(t, nmc.Name, pair(ns, "nic", kmmv1beta1.StateLoaded, "WorkerSucceeded", "loaded again"))
