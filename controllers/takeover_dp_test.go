@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -38,7 +39,14 @@ const (
 // ownUpstreamDevicePlugin once the Module exists.
 func leaveUpstreamDevicePlugin(t *testing.T, tb *testbed.Bed, name, version string) *appsv1.DaemonSet {
 	t.Helper()
-	labels := map[string]string{upstreamModuleLabel: name, kmmv1beta1.DevicePluginVersionLabel(tb.NS, name): version}
+	labels := map[string]string{upstreamModuleLabel: name}
+	selector := map[string]string{kmmv1beta1.ReadyLabel(tb.NS, name): ""}
+	image := "reg.example.com/" + name + "-dp:1"
+	if version != "" {
+		labels[kmmv1beta1.DevicePluginVersionLabel(tb.NS, name)] = version
+		selector[kmmv1beta1.DevicePluginVersionLabel(tb.NS, name)] = version
+		image = "reg.example.com/" + name + "-dp:" + version
+	}
 	ds := &appsv1.DaemonSet{
 		ObjectMeta: metav1.ObjectMeta{Namespace: tb.NS, GenerateName: name + "-device-plugin-", Labels: labels},
 		Spec: appsv1.DaemonSetSpec{
@@ -46,8 +54,8 @@ func leaveUpstreamDevicePlugin(t *testing.T, tb *testbed.Bed, name, version stri
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{Labels: labels, Finalizers: []string{upstreamNodeLabelerFin}},
 				Spec: corev1.PodSpec{
-					NodeSelector: map[string]string{kmmv1beta1.ReadyLabel(tb.NS, name): "", kmmv1beta1.DevicePluginVersionLabel(tb.NS, name): version},
-					Containers:   []corev1.Container{{Name: "device-plugin", Image: "reg.example.com/" + name + "-dp:" + version}},
+					NodeSelector: selector,
+					Containers:   []corev1.Container{{Name: "device-plugin", Image: image}},
 				},
 			},
 		},
@@ -307,20 +315,30 @@ func TestTakeoverHandsOverDevicePlugin(t *testing.T) {
 
 // TestTakeoverUnloadsWhatNoModuleWants: a record upstream KMM left on a node the Module no longer
 // selects is unloaded by one unload pod (it was dropped, with the module left in the kernel, before
-// issue 18's fix); the selected node is adopted.
+// issue 18's fix), and only once upstream's device plugin pod left the node (invariant 6: the NMC
+// controller reads upstream's pods before an unload); the selected node is adopted and keeps a
+// device plugin pod throughout.
 func TestTakeoverUnloadsWhatNoModuleWants(t *testing.T) {
 	tb := cluster.NewBed(t, 2, testbed.KernelA)
 	selected, dropped := tb.Nodes[0], tb.Nodes[1]
 	m := tb.Module("nic")
+	m.Spec.DevicePlugin = &kmmv1beta1.DevicePluginSpec{Container: kmmv1beta1.DevicePluginContainerSpec{Image: "reg.example.com/nic-dp:1"}}
 	w := watchTakeover(t, tb, "nic")
+	cov := watchDevicePluginCoverage(t, tb, "nic")
 	for _, n := range tb.Nodes {
 		leaveAsUpstream(t, tb, upstreamNode{name: n, entry: decidedEntry(t, tb, m, n, testbed.KernelA), bootID: node.BootID(n), loaded: true})
 	}
+	ds := leaveUpstreamDevicePlugin(t, tb, "nic", "")
+	testbed.Eventually(t, 30*time.Second, func() (bool, string) {
+		by := cov.servedBy()
+		return len(by[selected]) > 0 && len(by[dropped]) > 0, fmt.Sprintf("upstream's device plugin Ready on both nodes: %v", by)
+	})
 	cluster.SetNodeLabel(t, dropped, tb.Label, "")
 	cluster.StartOperator(t)
 	tb.Create(m)
+	ownUpstreamDevicePlugin(t, ds, m)
 
-	testbed.Eventually(t, 30*time.Second, func() (bool, string) {
+	testbed.Eventually(t, 40*time.Second, func() (bool, string) {
 		st := cluster.PairStatus(selected, tb.NS, "nic")
 		if st == nil || st.Reason != string(fsm.Adopted) {
 			return false, fmt.Sprintf("nic on %s: %s, want Adopted", selected, testbed.Describe(st))
@@ -339,5 +357,20 @@ func TestTakeoverUnloadsWhatNoModuleWants(t *testing.T) {
 	}
 	if _, ok := cluster.Node(t, dropped).Labels[kmmv1beta1.ReadyLabel(tb.NS, "nic")]; ok {
 		t.Errorf("%s keeps the ready label of a module it unloaded", dropped)
+	}
+	if v := cov.invariant6(); len(v) > 0 {
+		t.Errorf("invariant 6 broken: %v", v)
+	}
+	cov.mu.Lock()
+	gaps := slices.Clone(cov.gaps)
+	open := cov.gapSince[selected]
+	cov.mu.Unlock()
+	for _, g := range gaps {
+		if strings.HasPrefix(g, selected+" ") {
+			t.Errorf("device plugin coverage lost on the adopted node: %s", g)
+		}
+	}
+	if !open.IsZero() {
+		t.Errorf("%s has had no Ready device plugin pod since %v", selected, open)
 	}
 }
