@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/kmm-project/kmm/test/poll"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -208,4 +210,67 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// TestWatchRelistsWhenTheVersionExpired starts the NMC watch from a resourceVersion the API server
+// no longer serves (410 Gone): the watch lists again and reports the NMCs of that list, then
+// follows changes from there. Seeded fault: ending (or retrying the same version) on 410 instead of
+// relisting never reports the NMC.
+func TestWatchRelistsWhenTheVersionExpired(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	nmc := &kmmv1beta1.NodeModulesConfig{ObjectMeta: metav1.ObjectMeta{Name: "relist-node-1"}}
+	if err := cluster.Client.Create(ctx, nmc); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cluster.Client.Delete(context.Background(), nmc) })
+
+	o := newRootOptions(genericiooptions.NewTestIOStreamsDiscard())
+	*o.config.KubeConfig = writeKubeconfig(t, cluster.Env)
+	s, err := o.connect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	relisted := make(chan []string, 1)
+	changed := make(chan string, 10)
+	done := make(chan error, 1)
+	go func() {
+		done <- s.watchNMCs(ctx, nil, "1",
+			func(name string, _ *kmmv1beta1.NodeModulesConfig) error { changed <- name; return nil },
+			func(nmcs []kmmv1beta1.NodeModulesConfig) error {
+				var names []string
+				for _, n := range nmcs {
+					names = append(names, n.Name)
+				}
+				select {
+				case relisted <- names:
+				default:
+				}
+				return nil
+			})
+	}()
+	select {
+	case names := <-relisted:
+		if !slices.Contains(names, nmc.Name) {
+			t.Fatalf("the relist has %v, want %s among them", names, nmc.Name)
+		}
+	case err := <-done:
+		t.Fatalf("the watch ended with %v instead of listing again", err)
+	case <-ctx.Done():
+		t.Fatal("no relist within 30s of a watch from an expired resourceVersion")
+	}
+	// Changes after the relist reach observe.
+	setPairs(t, nmc.Name, pair("relist", "nic", kmmv1beta1.StateLoading, "SpecSet", ""))
+	for seen := false; !seen; {
+		select {
+		case name := <-changed:
+			seen = name == nmc.Name
+		case <-ctx.Done():
+			t.Fatal("the status change after the relist did not reach observe")
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("the watch ended with %v on cancel, want nil", err)
+	}
 }
