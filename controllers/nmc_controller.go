@@ -38,6 +38,7 @@ import (
 // +kubebuilder:rbac:groups=kmm.sigs.x-k8s.io,resources=nodemodulesconfigs/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;delete
+// +kubebuilder:rbac:groups="",resources=serviceaccounts,verbs=get
 
 // NMCReconciler is the NMC controller: one reconcile per node.
 type NMCReconciler struct {
@@ -55,7 +56,9 @@ type NMCReconciler struct {
 	// (WorkerPodOptions).
 	FirmwareHostPath       string
 	LeaveFirmwareClassPath bool
-	BackOff                fsm.BackOff
+	// WorkerRegistry is the registry configuration of every worker pod (WorkerPodOptions.Registry).
+	WorkerRegistry WorkerRegistryOptions
+	BackOff        fsm.BackOff
 	// WorkerTimeout is how long a worker pod may run before the pair fails it (0: fsm.DefaultWorkerTimeout).
 	WorkerTimeout time.Duration
 	// MaxConcurrentReconciles may be above 1: each NMC is one node, so reconciles never share state
@@ -556,8 +559,13 @@ func ignoreGone(err error) error {
 }
 
 func (r *NMCReconciler) createWorker(ctx context.Context, node, key string, in *fsm.WorkerIntent) error {
+	saSecrets, err := serviceAccountPullSecrets(ctx, r.APIReader, in.Entry.Namespace, in.Entry.ServiceAccountName)
+	if err != nil {
+		return fmt.Errorf("reading the image pull secrets of the %s worker pod for %s on %s: %w", in.Action, key, node, err)
+	}
 	pod, err := WorkerPod(node, WorkerPodOptions{Image: r.WorkerImage, DryRunSandbox: r.WorkerDryRunSandbox,
-		FirmwareHostPath: r.FirmwareHostPath, LeaveFirmwareClassPath: r.LeaveFirmwareClassPath}, in)
+		FirmwareHostPath: r.FirmwareHostPath, LeaveFirmwareClassPath: r.LeaveFirmwareClassPath, Registry: r.WorkerRegistry,
+		ServiceAccountPullSecrets: saSecrets}, in)
 	if err != nil {
 		r.expected().refusedCreate(node, key, fsm.CreateRefusal{Action: in.Action, Attempt: in.Attempt, Message: err.Error()})
 		return fmt.Errorf("building the %s worker pod for %s on %s: %w", in.Action, key, node, err)

@@ -50,6 +50,11 @@ type WorkerPodOptions struct {
 	// /sys/module/firmware_class/parameters/path (needed unless the directory is one the kernel
 	// searches by default, such as /lib/firmware).
 	LeaveFirmwareClassPath bool
+	// Registry is the registry configuration worker pods pull with (mirrors, CAs, credential providers).
+	Registry WorkerRegistryOptions
+	// ServiceAccountPullSecrets are the imagePullSecrets of the pod's service account: the worker
+	// tries them after imageRepoSecret, as the kubelet does for a pod's images.
+	ServiceAccountPullSecrets []string
 }
 
 // firmwareHostPath is the node directory firmware goes to.
@@ -84,6 +89,10 @@ func WorkerPod(node string, o WorkerPodOptions, in *fsm.WorkerIntent) (*corev1.P
 	if e.ImageRepoSecret != nil {
 		args = append(args, "--pull-secret", path.Join(pullSecretDir, corev1.DockerConfigJsonKey))
 	}
+	args = append(args, o.Registry.args()...)
+	if len(o.ServiceAccountPullSecrets) > 0 {
+		args = append(args, "--pull-secret-dir", saPullSecretDir)
+	}
 	if o.DryRunSandbox != "" {
 		args = append(args, "--dry-run", "--host-root", SandboxMountPath)
 	}
@@ -108,9 +117,9 @@ func WorkerPod(node string, o WorkerPodOptions, in *fsm.WorkerIntent) (*corev1.P
 				TerminationMessagePolicy: corev1.TerminationMessageReadFile,
 				SecurityContext:          workerSecurityContext(firmware),
 				Resources:                workerResources,
-				VolumeMounts:             workerMounts(e, firmware, o.DryRunSandbox != "", o.firmwareHostPath()),
+				VolumeMounts:             append(workerMounts(e, firmware, o.DryRunSandbox != "", o.firmwareHostPath()), o.Registry.mounts(o.ServiceAccountPullSecrets)...),
 			}},
-			Volumes: workerVolumes(e, firmware, o.DryRunSandbox, o.firmwareHostPath()),
+			Volumes: append(workerVolumes(e, firmware, o.DryRunSandbox, o.firmwareHostPath()), o.Registry.volumes(o.ServiceAccountPullSecrets)...),
 		},
 	}
 	return pod, nil

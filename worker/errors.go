@@ -86,6 +86,9 @@ func describePullError(err error) string {
 	if errors.As(err, &uerr) || errors.As(err, &herr) || errors.As(err, &cerr) || strings.Contains(err.Error(), "x509:") {
 		return "TLS certificate of the registry not trusted (registryTLS.insecureSkipTLSVerify skips the check)"
 	}
+	if strings.Contains(err.Error(), "credential provider") {
+		return "the kubelet credential provider plugin failed"
+	}
 	if strings.Contains(err.Error(), "does not match") {
 		return "the registry served content that does not match its digest (refused)"
 	}

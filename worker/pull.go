@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"time"
@@ -43,6 +44,43 @@ func ReadKeychain(file string) (authn.Keychain, error) {
 		return nil, fmt.Errorf("reading the pull secret: %w", err)
 	}
 	return ParseKeychain(data)
+}
+
+// Bounds of ReadKeychainDir.
+const (
+	// MaxPullSecrets caps the pull secret files read from a directory.
+	MaxPullSecrets = 64
+	// MaxPullSecretBytes caps one pull secret file.
+	MaxPullSecretBytes = 1 << 20
+)
+
+// ReadKeychainDir reads every pull secret file of dir (.dockerconfigjson and .dockercfg alike; the
+// projected volume's own ..data entries skipped) into one keychain, the first file in name order
+// that names a registry answering for it. A missing directory gives the anonymous keychain.
+func ReadKeychainDir(dir string) (authn.Keychain, error) {
+	files, err := filepath.Glob(filepath.Join(dir, "*"))
+	if err != nil {
+		return nil, err
+	}
+	var chain []authn.Keychain
+	for _, f := range files {
+		st, err := os.Stat(f)
+		if err != nil || st.IsDir() || strings.HasPrefix(filepath.Base(f), "..") {
+			continue // the projected volume's own ..data links and directories
+		}
+		if len(chain) == MaxPullSecrets {
+			return nil, fmt.Errorf("more than %d pull secrets in %s", MaxPullSecrets, dir)
+		}
+		if st.Size() > MaxPullSecretBytes {
+			return nil, fmt.Errorf("pull secret %s is larger than %d bytes", f, MaxPullSecretBytes)
+		}
+		kc, err := ReadKeychain(f)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", f, err)
+		}
+		chain = append(chain, kc)
+	}
+	return authn.NewMultiKeychain(chain...), nil
 }
 
 // ParseKeychain parses a pull secret in docker-config form.

@@ -36,6 +36,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/google/go-containerregistry/pkg/authn"
 
 	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/internal/logging"
@@ -78,6 +79,9 @@ type flags struct {
 	logConsole     bool
 	registries     registry.Sources
 	trust          registry.Trust
+	pullSecretDir  string
+	providerConfig string
+	providerBinDir string
 }
 
 // listFlag is a flag that may be given several times (or once with commas).
@@ -126,6 +130,9 @@ func parseFlags(args []string, errOut io.Writer) (flags, error) {
 	fs.Var(listFlag{&f.registries.OperatorRegistriesConf}, "operator-registries-conf", "registries.conf from the operator, consulted before the node's files; repeatable. A missing file is skipped.")
 	fs.Var(listFlag{&f.trust.BundleFiles}, "ca-bundle", "PEM file of CA certificates trusted for every registry beside the system's; repeatable. A missing file is skipped.")
 	fs.Var(listFlag{&f.trust.CertsDirs}, "certs-dir", "certs.d directory (<dir>/<host[:port]>/*.crt trusted for that host); repeatable.")
+	fs.StringVar(&f.pullSecretDir, "pull-secret-dir", "", "Directory of further pull secrets in docker-config form (the service account's imagePullSecrets), one per subdirectory or file; consulted after --pull-secret.")
+	fs.StringVar(&f.providerConfig, "credential-provider-config", "", "The node's kubelet CredentialProviderConfig: its plugins (credentialprovider.kubelet.k8s.io/v1) give credentials for the images they match, after the pull secrets.")
+	fs.StringVar(&f.providerBinDir, "credential-provider-bin-dir", "", "Directory of the credential provider plugins (the kubelet's --image-credential-provider-bin-dir).")
 	fs.StringVar(&f.logLevel, "log-level", "info", "Log level: debug, info, warn or error.")
 	fs.BoolVar(&f.logConsole, "log-console", false, "Log human-readable text instead of JSON.")
 
@@ -153,6 +160,8 @@ func (f flags) check() error {
 		return errors.New("--config is required")
 	case f.timeout <= 0:
 		return fmt.Errorf("--timeout must be positive, got %s", f.timeout)
+	case (f.providerConfig == "") != (f.providerBinDir == ""):
+		return errors.New("--credential-provider-config and --credential-provider-bin-dir go together")
 	case f.dryRun && filepath.Clean(f.hostRoot) == "/":
 		return errors.New("--dry-run needs --host-root pointing at a sandbox directory, not /")
 	}
@@ -195,7 +204,7 @@ func execute(ctx context.Context, f flags, log logr.Logger) contract.Result {
 	if err != nil {
 		return worker.Failure(f.action, contract.Config{}, &worker.Error{Reason: contract.ReasonInvalidConfig, Err: err})
 	}
-	kc, err := worker.ReadKeychain(f.pullSecret)
+	kc, err := keychain(f)
 	if err != nil {
 		return worker.Failure(f.action, cfg, &worker.Error{Reason: contract.ReasonImagePull, Err: err})
 	}
@@ -222,4 +231,29 @@ func execute(ctx context.Context, f flags, log logr.Logger) contract.Result {
 		return worker.Failure(f.action, cfg, err)
 	}
 	return w.Run(ctx, f.action, cfg)
+}
+
+// keychain combines the credential sources in the order they are consulted: the Module's pull
+// secret, the service account's pull secrets, the node's credential provider plugins.
+func keychain(f flags) (authn.Keychain, error) {
+	secret, err := worker.ReadKeychain(f.pullSecret)
+	if err != nil {
+		return nil, err
+	}
+	chain := []authn.Keychain{secret}
+	if f.pullSecretDir != "" {
+		sa, err := worker.ReadKeychainDir(f.pullSecretDir)
+		if err != nil {
+			return nil, err
+		}
+		chain = append(chain, sa)
+	}
+	if f.providerConfig != "" {
+		p, err := registry.LoadCredentialProviders(f.providerConfig, f.providerBinDir)
+		if err != nil {
+			return nil, err
+		}
+		chain = append(chain, p)
+	}
+	return authn.NewMultiKeychain(chain...), nil
 }

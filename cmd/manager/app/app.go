@@ -96,6 +96,8 @@ type Options struct {
 	// the kernel searches by default, such as /lib/firmware).
 	FirmwareHostPath     string
 	SetFirmwareClassPath bool
+	// WorkerRegistry is the registry configuration worker pods pull with (docs/registries.md).
+	WorkerRegistry controllers.WorkerRegistryOptions
 	// NMCConcurrency is how many nodes the NMC controller reconciles at once.
 	NMCConcurrency int
 	// DisableControllers runs only the webhook (for tests of admission alone).
@@ -159,9 +161,35 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.WorkerDryRunSandbox, "worker-dry-run-sandbox", o.WorkerDryRunSandbox, "Absolute host directory: worker pods run modprobe in dry-run mode against it (their host paths below it) and load nothing. Only for hosts whose kernel cannot load modules (demos, CI).")
 	fs.StringVar(&o.FirmwareHostPath, "firmware-host-path", o.FirmwareHostPath, "Node directory worker pods copy a Module's firmware to (upstream KMM: /lib/firmware).")
 	fs.BoolVar(&o.SetFirmwareClassPath, "set-firmware-class-path", o.SetFirmwareClassPath, "Worker pods write firmware-host-path to /sys/module/firmware_class/parameters/path when they load a module with firmware (not needed for /lib/firmware).")
+	o.bindRegistryFlags(fs)
 	fs.IntVar(&o.NMCConcurrency, "nmc-concurrency", o.NMCConcurrency, "Nodes the NMC controller reconciles concurrently.")
 	fs.DurationVar(&o.BackOff.Base, "worker-backoff", o.BackOff.Base, "Wait after a first worker failure; it doubles with each further failure.")
 	fs.DurationVar(&o.BackOff.Max, "worker-backoff-max", o.BackOff.Max, "Longest wait between worker retries.")
+}
+
+// bindRegistryFlags registers the flags of the worker pods' registry configuration.
+func (o *Options) bindRegistryFlags(fs *flag.FlagSet) {
+	r := &o.WorkerRegistry
+	fs.StringVar(&r.ContainerdConfigPath, "worker-containerd-config-path", r.ContainerdConfigPath, "containerd's config_path on the nodes (e.g. /etc/containerd/certs.d): worker pods mount it read-only and honour its hosts.toml files (mirrors, CAs, skip_verify).")
+	fs.StringVar(&r.RegistriesConf, "worker-registries-conf", r.RegistriesConf, "The nodes' registries.conf (e.g. /etc/containers/registries.conf, CRI-O): worker pods mount it read-only and honour its mirrors, blocked and insecure registries.")
+	fs.Func("worker-certs-dirs", "Comma-separated certs.d directories of the nodes (e.g. /etc/containers/certs.d): <dir>/<host[:port]>/*.crt are trusted for that registry.", listInto(&r.CertsDirs))
+	fs.Func("worker-registry-ca-dirs", "Comma-separated node directories mounted read-only into worker pods so that hosts.toml ca paths outside the config_path resolve.", listInto(&r.CADirs))
+	fs.StringVar(&r.RegistriesConfigMap, "worker-registries-configmap", r.RegistriesConfigMap, "ConfigMap (key registries.conf) in each Module's namespace, consulted before the nodes' files; optional per namespace.")
+	fs.StringVar(&r.CABundleConfigMap, "worker-ca-bundle-configmap", r.CABundleConfigMap, "ConfigMap (key ca-bundle.crt) in each Module's namespace whose CA certificates worker pods trust for every registry (e.g. one trust-manager distributes); optional per namespace.")
+	fs.StringVar(&r.CredentialProviderConfig, "worker-credential-provider-config", r.CredentialProviderConfig, "The nodes' kubelet CredentialProviderConfig file: worker pods run its plugins (credentialprovider.kubelet.k8s.io/v1) for registry credentials.")
+	fs.StringVar(&r.CredentialProviderBinDir, "worker-credential-provider-bin-dir", r.CredentialProviderBinDir, "The nodes' directory of credential provider plugins (kubelet --image-credential-provider-bin-dir).")
+}
+
+// listInto appends the comma-separated values of a flag to list.
+func listInto(list *[]string) func(string) error {
+	return func(v string) error {
+		for _, e := range strings.Split(v, ",") {
+			if e != "" {
+				*list = append(*list, e)
+			}
+		}
+		return nil
+	}
 }
 
 // validateHostPaths checks the node directories worker pods use.
@@ -172,7 +200,7 @@ func (o *Options) validateHostPaths() error {
 	if s := o.WorkerDryRunSandbox; s != "" && (!path.IsAbs(s) || path.Clean(s) == "/") {
 		return fmt.Errorf("worker-dry-run-sandbox must be an absolute host directory other than /, got %q", s)
 	}
-	return nil
+	return o.WorkerRegistry.Validate()
 }
 
 // validateLeaderElection checks the leader election timing: each set value positive, and the
@@ -500,6 +528,7 @@ func setupControllers(mgr ctrl.Manager, o Options) error {
 		WorkerDryRunSandbox:     o.WorkerDryRunSandbox,
 		FirmwareHostPath:        o.FirmwareHostPath,
 		LeaveFirmwareClassPath:  !o.SetFirmwareClassPath,
+		WorkerRegistry:          o.WorkerRegistry,
 		BackOff:                 o.BackOff,
 		MaxConcurrentReconciles: o.NMCConcurrency,
 	}

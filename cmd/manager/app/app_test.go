@@ -2,6 +2,8 @@ package app
 
 import (
 	"context"
+	"flag"
+	"strings"
 	"testing"
 	"time"
 
@@ -84,5 +86,23 @@ func TestGatedRunnableWaitsForTheGate(t *testing.T) {
 	case <-waiting.started:
 		t.Fatal("started although stopped before the gate opened")
 	default:
+	}
+}
+
+func TestWorkerRegistryFlags(t *testing.T) {
+	o := DefaultOptions()
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	o.BindFlags(fs)
+	err := fs.Parse([]string{"--worker-containerd-config-path", "/etc/containerd/certs.d", "--worker-certs-dirs", "/etc/docker/certs.d,/etc/containers/certs.d",
+		"--worker-ca-bundle-configmap", "kmm-ca", "--worker-credential-provider-config", "/etc/kubernetes/cp.yaml"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := o.WorkerRegistry
+	if r.ContainerdConfigPath != "/etc/containerd/certs.d" || len(r.CertsDirs) != 2 || r.CertsDirs[1] != "/etc/containers/certs.d" || r.CABundleConfigMap != "kmm-ca" {
+		t.Errorf("parsed %+v", r)
+	}
+	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "credential provider") {
+		t.Errorf("a provider config without its bin dir: %v", err)
 	}
 }
