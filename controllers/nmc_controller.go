@@ -17,14 +17,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
-	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
-	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
-	"sigs.k8s.io/controller-runtime/pkg/controller/priorityqueue"
-	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
@@ -81,6 +77,16 @@ func (r *NMCReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	byNodeName := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []ctrl.Request {
 		return []ctrl.Request{{NamespacedName: types.NamespacedName{Name: o.GetName()}}}
 	})
+	// Measured in issue 22: giving the node of a finished worker pod a higher queue priority finished
+	// the first pairs sooner at 1,000 x 3 but batched fewer pairs per NMC status write and node patch
+	// (1.22 and 0.71 per pair instead of 0.99 and 0.59) and was not faster in all: plain FIFO stays.
+	byPodNode := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []ctrl.Request {
+		r.expected().observed(o.(*corev1.Pod))
+		if n := o.(*corev1.Pod).Spec.NodeName; n != "" {
+			return []ctrl.Request{{NamespacedName: types.NamespacedName{Name: n}}}
+		}
+		return nil
+	})
 	if err := podindex.Register(context.Background(), mgr.GetFieldIndexer()); err != nil {
 		return err
 	}
@@ -88,54 +94,9 @@ func (r *NMCReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Named("nmc").
 		For(&kmmv1beta1.NodeModulesConfig{}).
 		Watches(&corev1.Node{}, byNodeName).
-		Watches(&corev1.Pod{}, handler.WithLowPriorityWhenUnchanged[client.Object, ctrl.Request](podHandler{r: r})).
+		Watches(&corev1.Pod{}, byPodNode).
 		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.MaxConcurrentReconciles, 1)}).
 		Complete(r)
-}
-
-// finishPriority is the queue priority of a node whose worker pod has ended (the default is 0).
-const finishPriority = 10
-
-// podHandler enqueues the node of a kmm pod, and a node whose worker pod has ended ahead of the
-// rest: that reconcile finishes a pair (records the result, deletes the pod, sets the ready label),
-// which at scale otherwise waits behind the reconciles that new spec entries cause (issue 22).
-type podHandler struct{ r *NMCReconciler }
-
-type requestQueue = workqueue.TypedRateLimitingInterface[ctrl.Request]
-
-func (h podHandler) Create(_ context.Context, e event.CreateEvent, q requestQueue) {
-	h.add(e.Object, q)
-}
-func (h podHandler) Update(_ context.Context, e event.UpdateEvent, q requestQueue) {
-	h.add(e.ObjectNew, q)
-}
-func (h podHandler) Delete(_ context.Context, e event.DeleteEvent, q requestQueue) {
-	h.add(e.Object, q)
-}
-func (h podHandler) Generic(_ context.Context, e event.GenericEvent, q requestQueue) {
-	h.add(e.Object, q)
-}
-
-func (h podHandler) add(o client.Object, q requestQueue) {
-	p, ok := o.(*corev1.Pod)
-	if !ok {
-		return
-	}
-	h.r.expected().observed(p)
-	if p.Spec.NodeName == "" {
-		return
-	}
-	req := ctrl.Request{NamespacedName: types.NamespacedName{Name: p.Spec.NodeName}}
-	if pq, ok := q.(priorityqueue.PriorityQueue[ctrl.Request]); ok && workerEnded(p) {
-		pq.AddWithOpts(priorityqueue.AddOpts{Priority: ptr.To(finishPriority)}, req)
-		return
-	}
-	q.Add(req)
-}
-
-// workerEnded says whether p is a worker pod that has ended.
-func workerEnded(p *corev1.Pod) bool {
-	return p.Labels[contract.LabelWorker] == "true" && (p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed)
 }
 
 // nodeFacts is everything read for one reconcile. The NMC and the Node are the cache's own

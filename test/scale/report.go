@@ -63,6 +63,14 @@ func (r *Result) PrintTable(w io.Writer) {
 			p.OperatorWrites, p.WritesPerPair, p.WritesPerPairNoEvents, rec, p.CPUSeconds, p.CPUPerReconcileMicros, p.PeakRSSMiB)
 	}
 	_ = tw.Flush()
+	for _, p := range r.Phases {
+		if p.Name == "resync" || p.Seconds <= 0 {
+			continue
+		}
+		per := p.Seconds / float64(r.Pairs) * 1000
+		_, _ = fmt.Fprintf(w, "%s: %.1f s per 1,000 pairs; the upstream operator's reference, a load of 1,000 nodes x 1 Module on the same kind of harness: %.1f s (%.1fx)\n",
+			p.Name, per, UpstreamReferenceSeconds, UpstreamReferenceSeconds/per)
+	}
 	_, _ = fmt.Fprintf(w, "one NMC after the load: %d bytes of JSON (managedFields included)\n", r.NMCBytes)
 	for _, p := range r.Phases {
 		_, _ = fmt.Fprintf(w, "operator requests, %s: %s\n", p.Name, p.OperatorRequests)
@@ -92,6 +100,11 @@ func perPair(m map[string]float64) string {
 	}
 	return strings.Join(parts, ", ")
 }
+
+// UpstreamReferenceSeconds is the upstream KMM operator's time to load 1,000 simulated nodes x 1
+// Module on the same kind of harness (issue 22, measured side by side with kmm): the reference
+// every run is compared with, per 1,000 pairs.
+const UpstreamReferenceSeconds = 149.9
 
 // writesOnly keeps the writes.
 func (r Requests) writesOnly() Requests {
