@@ -40,7 +40,7 @@ var seededBugs = []seededBug{
 	{
 		// A 500 on the drain's pod list taken as "no pods": the unload runs under the workload.
 		bug: chaosbug.ErrorAsNoPods, faults: []string{chaos.FaultServerError},
-		proxy: chaos.ProxyFaults{ServerError: 0.5}, duration: 90 * time.Second,
+		proxy: chaos.ProxyFaults{ServerError: 0.2}, duration: 90 * time.Second,
 		caught: "workload pod using it",
 	},
 }
