@@ -64,7 +64,7 @@ func DecideSpec(m *kmmv1beta1.Module, node NodeView) SpecDecision {
 	if !m.DeletionTimestamp.IsZero() {
 		return SpecDecision{Action: SpecDelete, Reason: ReasonModuleDeleted}
 	}
-	if len(m.Spec.Selector) == 0 || !labels.SelectorFromSet(m.Spec.Selector).Matches(labels.Set(node.Labels)) {
+	if !Selects(m, node.Labels) {
 		return SpecDecision{Action: SpecDelete, Reason: ReasonNotSelected}
 	}
 	if m.Spec.DevicePluginOnly() {
@@ -86,6 +86,12 @@ func DecideSpec(m *kmmv1beta1.Module, node NodeView) SpecDecision {
 			Message: fmt.Sprintf("node is at version %s, the Module at %s", label, version)}
 	}
 	return SpecDecision{Action: SpecUpdate, Entry: entry, Reason: ReasonDesired}
+}
+
+// Selects says whether m's selector selects a node with these labels (an empty selector selects
+// none).
+func Selects(m *kmmv1beta1.Module, nodeLabels map[string]string) bool {
+	return len(m.Spec.Selector) > 0 && labels.SelectorFromSet(m.Spec.Selector).Matches(labels.Set(nodeLabels))
 }
 
 // ResolveEntry builds the spec entry of m for a node running kernel kver (SPEC §5): the first

@@ -1,6 +1,7 @@
 // Package v1beta1 holds the kmm.sigs.x-k8s.io/v1beta1 API: the user-facing Module, compatible with
 // the upstream Kernel Module Management operator, and the operator-internal NodeModulesConfig that
-// records, per node, what should be loaded (spec) and what is true (status, with the state machine).
+// records, per node, what should be loaded (spec) and what is true (status, with the state machine),
+// and PreflightValidation, upstream's check of every Module against a kernel before an upgrade.
 //
 // +kubebuilder:object:generate=true
 // +groupName=kmm.sigs.x-k8s.io
@@ -24,7 +25,8 @@ var (
 )
 
 func addKnownTypes(s *runtime.Scheme) error {
-	s.AddKnownTypes(GroupVersion, &Module{}, &ModuleList{}, &NodeModulesConfig{}, &NodeModulesConfigList{})
+	s.AddKnownTypes(GroupVersion, &Module{}, &ModuleList{}, &NodeModulesConfig{}, &NodeModulesConfigList{},
+		&PreflightValidation{}, &PreflightValidationList{})
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil
 }

@@ -560,8 +560,14 @@ func caBundle(t *testing.T, c client.Client) []byte {
 	if err := c.Get(context.Background(), client.ObjectKey{Name: webhookName}, vwc); err != nil {
 		t.Fatal(err)
 	}
-	if len(vwc.Webhooks) != 1 {
-		t.Fatalf("%s has %d webhooks, want 1", webhookName, len(vwc.Webhooks))
+	// Two webhooks (Module, PreflightValidation), one caBundle injected into both.
+	if len(vwc.Webhooks) != 2 {
+		t.Fatalf("%s has %d webhooks, want 2", webhookName, len(vwc.Webhooks))
+	}
+	for _, w := range vwc.Webhooks[1:] {
+		if !bytes.Equal(w.ClientConfig.CABundle, vwc.Webhooks[0].ClientConfig.CABundle) {
+			t.Fatalf("the webhooks of %s carry different caBundles", webhookName)
+		}
 	}
 	return vwc.Webhooks[0].ClientConfig.CABundle
 }

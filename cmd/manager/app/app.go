@@ -41,6 +41,7 @@ import (
 	"github.com/kmm-project/kmm/controllers"
 	"github.com/kmm-project/kmm/fsm"
 	"github.com/kmm-project/kmm/internal/certs"
+	"github.com/kmm-project/kmm/internal/preflight"
 	kmmwebhook "github.com/kmm-project/kmm/internal/webhook"
 	"github.com/kmm-project/kmm/upgrade"
 )
@@ -100,6 +101,10 @@ type Options struct {
 	WorkerRegistry controllers.WorkerRegistryOptions
 	// NMCConcurrency is how many nodes the NMC controller reconciles at once.
 	NMCConcurrency int
+	// PreflightConcurrency is how many image checks a PreflightValidation runs at once;
+	// PreflightCheckTimeout bounds each.
+	PreflightConcurrency  int
+	PreflightCheckTimeout time.Duration
 	// DisableControllers runs only the webhook (for tests of admission alone).
 	DisableControllers bool
 	// BackOff is the retry policy after worker failures.
@@ -124,7 +129,10 @@ func DefaultOptions() Options {
 		Certs:          certs.DefaultOptions(),
 		WorkerImage:    "kmm-worker:dev",
 		NMCConcurrency: 16,
-		BackOff:        fsm.DefaultBackOff,
+		// internal/preflight: a HEAD per Module, a few at a time, each cut after 20 s.
+		PreflightConcurrency:  preflight.DefaultConcurrency,
+		PreflightCheckTimeout: preflight.DefaultCheckTimeout,
+		BackOff:               fsm.DefaultBackOff,
 		// kmm's default suits image-based OSes where /lib is read-only; upstream KMM's is
 		// --firmware-host-path=/lib/firmware --set-firmware-class-path=false.
 		FirmwareHostPath:     controllers.FirmwareHostPath,
@@ -163,6 +171,8 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.SetFirmwareClassPath, "set-firmware-class-path", o.SetFirmwareClassPath, "Worker pods write firmware-host-path to /sys/module/firmware_class/parameters/path when they load a module with firmware (not needed for /lib/firmware).")
 	o.bindRegistryFlags(fs)
 	fs.IntVar(&o.NMCConcurrency, "nmc-concurrency", o.NMCConcurrency, "Nodes the NMC controller reconciles concurrently.")
+	fs.IntVar(&o.PreflightConcurrency, "preflight-concurrency", o.PreflightConcurrency, "Image checks a PreflightValidation runs at once.")
+	fs.DurationVar(&o.PreflightCheckTimeout, "preflight-check-timeout", o.PreflightCheckTimeout, "Longest time one PreflightValidation image check may take; a registry slower than that is RegistryUnreachable.")
 	fs.DurationVar(&o.BackOff.Base, "worker-backoff", o.BackOff.Base, "Wait after a first worker failure; it doubles with each further failure.")
 	fs.DurationVar(&o.BackOff.Max, "worker-backoff-max", o.BackOff.Max, "Longest wait between worker retries.")
 }
@@ -224,6 +234,9 @@ func (o *Options) Validate() error {
 	}
 	if o.BackOff.Base <= 0 || o.BackOff.Max < o.BackOff.Base {
 		return fmt.Errorf("worker-backoff must be positive and at most worker-backoff-max, got %v and %v", o.BackOff.Base, o.BackOff.Max)
+	}
+	if o.PreflightConcurrency < 1 || o.PreflightCheckTimeout <= 0 {
+		return fmt.Errorf("preflight-concurrency must be at least 1 and preflight-check-timeout positive, got %d and %v", o.PreflightConcurrency, o.PreflightCheckTimeout)
 	}
 	if o.WorkerImage == "" || o.NMCConcurrency < 1 {
 		return fmt.Errorf("worker-image must be set and nmc-concurrency at least 1, got %q and %d", o.WorkerImage, o.NMCConcurrency)
@@ -380,8 +393,8 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 		// through the webhook: the controllers start once it can answer.
 		controllerMgr = gatedManager{Manager: mgr, gate: certsReady}
 	default:
-		if err := kmmwebhook.SetupModuleWebhook(mgr); err != nil {
-			return nil, fmt.Errorf("registering the Module webhook: %w", err)
+		if err := kmmwebhook.SetupWebhooks(mgr); err != nil {
+			return nil, fmt.Errorf("registering the webhooks: %w", err)
 		}
 		readyCheck = mgr.GetWebhookServer().StartedChecker()
 	}
@@ -429,8 +442,8 @@ func setupSelfManagedCerts(cfg *rest.Config, mgr ctrl.Manager, o certs.Options) 
 			return nil
 		}
 		// The webhook server reads the certificate files when it starts, on this first call.
-		if err := kmmwebhook.SetupModuleWebhook(mgr); err != nil {
-			return fmt.Errorf("registering the Module webhook: %w", err)
+		if err := kmmwebhook.SetupWebhooks(mgr); err != nil {
+			return fmt.Errorf("registering the webhooks: %w", err)
 		}
 		ctrl.Log.WithName("certs").Info("The webhook serving certificate is in place: serving the Module webhook", "dnsName", o.DNSName())
 		close(registered)
@@ -513,7 +526,8 @@ func stripNode(obj any) (any, error) {
 	return obj, nil
 }
 
-// setupControllers registers the Module→NMC and NMC controllers.
+// setupControllers registers the Module→NMC, NMC, version label, rollout and PreflightValidation
+// controllers.
 func setupControllers(mgr ctrl.Manager, o Options) error {
 	module := &controllers.ModuleReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder("kmm-module")}
 	if err := module.SetupWithManager(mgr); err != nil {
@@ -541,6 +555,16 @@ func setupControllers(mgr ctrl.Manager, o Options) error {
 	}
 	if err := (&upgrade.RolloutReconciler{Client: mgr.GetClient()}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the automatic rollout controller: %w", err)
+	}
+	pfv := &controllers.PreflightReconciler{
+		Client:      mgr.GetClient(),
+		APIReader:   mgr.GetAPIReader(),
+		Recorder:    mgr.GetEventRecorder("kmm-preflight"),
+		Registry:    preflight.Registry{Timeout: o.PreflightCheckTimeout},
+		Concurrency: o.PreflightConcurrency,
+	}
+	if err := pfv.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the PreflightValidation controller: %w", err)
 	}
 	return nil
 }
