@@ -44,7 +44,7 @@ type Options struct {
 // Start starts a registry; the test's cleanup stops it.
 func Start(t testing.TB, o Options) *Registry {
 	t.Helper()
-	var h http.Handler = registry.New(registry.Logger(log.New(io.Discard, "", 0)))
+	h := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
 	if o.User != "" {
 		h = basicAuth(h, o.User, o.Password)
 	}
