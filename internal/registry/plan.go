@@ -2,6 +2,7 @@ package registry
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -148,6 +149,9 @@ func planContainerd(hf HostsFile, reg, repo string, isDigest bool) []Endpoint {
 		if hf.Server.can(need) {
 			ep := hf.Server.endpoint(repo, hf.File, false)
 			ep.Server = true
+			// A [host] table for the server itself (a common way to set its capabilities) is the
+			// server: it is tried once, last.
+			eps = slices.DeleteFunc(eps, func(m Endpoint) bool { return m.Host == ep.Host && m.APIRoot == ep.APIRoot })
 			eps = append(eps, ep)
 		}
 		return eps

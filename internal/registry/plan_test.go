@@ -123,6 +123,10 @@ blocked = true
 			image: "quay.io/org/kmod:v1", s: Settings{Containerd: mirrorsOnly},
 			want: []Endpoint{{Host: "m1.example", Repository: "org/kmod", APIRoot: "/prefix/v2", CAFiles: []string{"/etc/pki/m1.pem", "/etc/containerd/certs.d/quay.io/m1-extra.pem"}, Server: true, Source: hostsFile}},
 		},
+		"hosts.toml: a [host] table for the server is the server, tried once": {
+			image: "quay.io/org/kmod:v1", s: Settings{Containerd: mustHosts(t, hostsFile, "server = \"http://quay.io\"\n[host.\"http://quay.io\"]\n  capabilities = [\"pull\", \"resolve\"]\n")},
+			want: []Endpoint{{Host: "quay.io", Repository: "org/kmod", APIRoot: "/v2", PlainHTTP: true, Server: true, Source: hostsFile}},
+		},
 		"hosts.toml without a server: the origin last": {
 			image: "quay.io/org/kmod:v1", s: Settings{Containerd: defaultServer},
 			want: []Endpoint{
