@@ -6,6 +6,7 @@ import (
 	"sort"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -16,11 +17,13 @@ import (
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 )
 
-// pluginScheme knows the kinds the plugin reads: kmm's own. The plugin has its own scheme so that
+// pluginScheme knows the kinds the plugin reads: kmm's own, and core's. The plugin has its own scheme so that
 // it does not link the operator (internal/manager and every controller).
 func pluginScheme() *runtime.Scheme {
 	s := runtime.NewScheme()
 	utilruntime.Must(kmmv1beta1.AddToScheme(s))
+	// preflight reads Nodes (platforms, --from-node) and the Modules' pull secrets.
+	utilruntime.Must(corev1.AddToScheme(s))
 	return s
 }
 

@@ -50,14 +50,15 @@ func (o *rootOptions) command() *cobra.Command {
 		Short: "Show what the kmm operator is doing with each (node, module) pair",
 		Long: "kubectl kmm shows what the kmm operator is doing with each (node, module) pair: its state,\n" +
 			"since when and why (status, status -w to follow changes), its transition log (history),\n" +
-			"and the state machine the operator runs (diagram).",
+			"the state machine the operator runs (diagram), and whether every Module is served on a kernel\n" +
+			"before an upgrade (preflight).",
 		Annotations:   map[string]string{cobra.CommandDisplayNameAnnotation: "kubectl kmm"},
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cmd.SetOut(o.streams.ErrOut)
 			_ = cmd.Usage()
-			return errors.New("missing command: status, history or diagram")
+			return errors.New("missing command: status, history, diagram or preflight")
 		},
 	}
 	cmd.SetIn(o.streams.In)
@@ -70,6 +71,7 @@ func (o *rootOptions) command() *cobra.Command {
 		newStatusCommand(o),
 		newHistoryCommand(o),
 		newDiagramCommand(o),
+		newPreflightCommand(o),
 	)
 	return cmd
 }
