@@ -136,12 +136,18 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 // startContainerd writes containerd's configuration and the registry hosts and starts it.
 func (c *Cluster) startContainerd(ctx context.Context, cniDir string) error {
 	base := filepath.Join(c.Dir, "containerd")
+	files := map[string]string{}
 	for _, host := range []string{c.RegistryAddr(), c.NodeRegistryAddr()} {
-		d := filepath.Join(base, "certs.d", host)
+		files[host] = fmt.Sprintf("server = \"http://%[1]s\"\n\n[host.\"http://%[1]s\"]\n  capabilities = [\"pull\", \"resolve\"]\n", host)
+	}
+	// MirroredRegistry does not exist: its images come from the mirror at the node IP, tried
+	// first, the way an air-gapped cluster configures containerd.
+	files[MirroredRegistry] = fmt.Sprintf("[host.\"http://%s\"]\n  capabilities = [\"pull\", \"resolve\"]\n", c.NodeRegistryAddr())
+	for host, hosts := range files {
+		d := filepath.Join(c.ContainerdConfigPath(), host)
 		if err := os.MkdirAll(d, 0o750); err != nil {
 			return err
 		}
-		hosts := fmt.Sprintf("server = \"http://%[1]s\"\n\n[host.\"http://%[1]s\"]\n  capabilities = [\"pull\", \"resolve\"]\n", host)
 		if err := os.WriteFile(filepath.Join(d, "hosts.toml"), []byte(hosts), 0o600); err != nil {
 			return err
 		}
@@ -163,6 +169,15 @@ func (c *Cluster) startContainerd(ctx context.Context, cniDir string) error {
 		}
 		return err
 	})
+}
+
+// MirroredRegistry is a registry name that resolves nowhere; containerd's hosts.toml for it (in
+// ContainerdConfigPath) names the registry at the node IP as its mirror.
+const MirroredRegistry = "kmm-origin.e2e.invalid"
+
+// ContainerdConfigPath is the node's containerd config_path (registry hosts.toml files).
+func (c *Cluster) ContainerdConfigPath() string {
+	return filepath.Join(c.Dir, "containerd", "certs.d")
 }
 
 func (c *Cluster) containerdSocket() string {

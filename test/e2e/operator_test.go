@@ -219,9 +219,14 @@ func (k *kmmEnv) buildKmodImages() error {
 			return fmt.Errorf("building the kmod image %s: %w", im.key, err)
 		}
 		repo := "kmm-e2e/" + im.key
+		registry := k.c.NodeRegistryAddr()
+		if im.module == modRestart {
+			// Through the mirror containerd's hosts.toml names: the worker reads it too.
+			registry = e2e.MirroredRegistry
+		}
 		k.kmodImages[im.key] = kmodimageRef{
 			// The Module names it with $KERNEL_FULL_VERSION, as a user would.
-			ref: k.c.NodeRegistryAddr() + "/" + repo + ":$KERNEL_FULL_VERSION",
+			ref: registry + "/" + repo + ":$KERNEL_FULL_VERSION",
 			push: func() error {
 				_, err := k.c.PushImage(repo+":"+k.kernel, img)
 				return err
@@ -265,7 +270,9 @@ spec:
               value: %q
             - name: KMM_E2E_SANDBOX
               value: %q
-`, operatorNamespace, port, k.sandbox)
+            - name: KMM_E2E_CONTAINERD_CONFIG_PATH
+              value: %q
+`, operatorNamespace, port, k.sandbox, k.c.ContainerdConfigPath())
 	if err := os.WriteFile(filepath.Join(dir, "run.yaml"), []byte(patch), 0o600); err != nil {
 		t.Fatal(err)
 	}
