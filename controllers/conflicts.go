@@ -3,18 +3,19 @@ package controllers
 import (
 	"context"
 	"sync"
-	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/kmm-project/kmm/internal/retry"
 )
 
 // conflictRetry turns a reconcile that failed only on optimistic-concurrency conflicts into a quiet
 // requeue. A conflict says the object changed since it was read: the next reconcile decides on fresh
 // facts. Returned as an error, controller-runtime would log each one as "Reconciler error", noise a
 // user reads as a failure. The retry still backs off, per object, with client-go's exponential
-// limiter (10 ms doubling to 30 s), forgotten on the next reconcile that ends otherwise.
+// limiter (retry.BaseDelay doubling to retry.MaxDelay), forgotten on the next reconcile that ends otherwise.
 type conflictRetry struct {
 	once    sync.Once
 	limiter workqueue.TypedRateLimiter[ctrl.Request]
@@ -22,7 +23,7 @@ type conflictRetry struct {
 
 func (c *conflictRetry) result(ctx context.Context, req ctrl.Request, res ctrl.Result, err error) (ctrl.Result, error) {
 	c.once.Do(func() {
-		c.limiter = workqueue.NewTypedItemExponentialFailureRateLimiter[ctrl.Request](10*time.Millisecond, 30*time.Second)
+		c.limiter = workqueue.NewTypedItemExponentialFailureRateLimiter[ctrl.Request](retry.BaseDelay, retry.MaxDelay)
 	})
 	if err != nil && onlyConflicts(err) {
 		after := c.limiter.When(req)

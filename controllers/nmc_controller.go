@@ -27,6 +27,7 @@ import (
 	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/fsm"
 	"github.com/kmm-project/kmm/internal/podindex"
+	"github.com/kmm-project/kmm/internal/retry"
 	"github.com/kmm-project/kmm/internal/semantic"
 )
 
@@ -95,7 +96,7 @@ func (r *NMCReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		For(&kmmv1beta1.NodeModulesConfig{}).
 		Watches(&corev1.Node{}, byNodeName).
 		Watches(&corev1.Pod{}, byPodNode).
-		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.MaxConcurrentReconciles, 1)}).
+		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.MaxConcurrentReconciles, 1), RateLimiter: retry.Limiter()}).
 		Complete(r)
 }
 

@@ -15,12 +15,14 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/internal/preflight"
+	"github.com/kmm-project/kmm/internal/retry"
 	"github.com/kmm-project/kmm/internal/semantic"
 )
 
@@ -63,6 +65,7 @@ func (r *PreflightReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		For(&kmmv1beta1.PreflightValidation{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&kmmv1beta1.Module{}, handler.EnqueueRequestsFromMapFunc(r.allValidations),
 			builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		WithOptions(controller.Options{RateLimiter: retry.Limiter()}).
 		Complete(r)
 }
 

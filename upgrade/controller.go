@@ -12,6 +12,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -19,6 +20,7 @@ import (
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/internal/podindex"
+	"github.com/kmm-project/kmm/internal/retry"
 )
 
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
@@ -54,6 +56,7 @@ func (r *LabelReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// would enqueue every node it selects each time.
 		Watches(&kmmv1beta1.Module{}, handler.EnqueueRequestsFromMapFunc(r.nodesOfModule),
 			builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		WithOptions(controller.Options{RateLimiter: retry.Limiter()}).
 		Complete(r)
 }
 

@@ -17,12 +17,14 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/internal/expectations"
+	"github.com/kmm-project/kmm/internal/retry"
 )
 
 // RolloutRequeue is how often a Module whose automatic rollout is not complete is looked at again
@@ -74,6 +76,7 @@ func (r *RolloutReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		}))).
 		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.modulesOfNode), builder.WithPredicates(nodeRolloutFactsChanged())).
 		Watches(&kmmv1beta1.NodeModulesConfig{}, handler.EnqueueRequestsFromMapFunc(r.modulesOfNMC)).
+		WithOptions(controller.Options{RateLimiter: retry.Limiter()}).
 		Complete(r)
 }
 
