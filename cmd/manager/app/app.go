@@ -227,11 +227,9 @@ func (o *Options) validateLeaderElection() error {
 	return nil
 }
 
-// Validate reports options that cannot work.
-func (o *Options) Validate() error {
-	if o.QPS <= 0 || o.Burst <= 0 {
-		return fmt.Errorf("kube-api-qps and kube-api-burst must be positive, got %v and %d", o.QPS, o.Burst)
-	}
+// validateWork checks the settings of the work the controllers do: worker back-off, preflight
+// checks, the worker image and the NMC concurrency.
+func (o *Options) validateWork() error {
 	if o.BackOff.Base <= 0 || o.BackOff.Max < o.BackOff.Base {
 		return fmt.Errorf("worker-backoff must be positive and at most worker-backoff-max, got %v and %v", o.BackOff.Base, o.BackOff.Max)
 	}
@@ -240,6 +238,17 @@ func (o *Options) Validate() error {
 	}
 	if o.WorkerImage == "" || o.NMCConcurrency < 1 {
 		return fmt.Errorf("worker-image must be set and nmc-concurrency at least 1, got %q and %d", o.WorkerImage, o.NMCConcurrency)
+	}
+	return nil
+}
+
+// Validate reports options that cannot work.
+func (o *Options) Validate() error {
+	if o.QPS <= 0 || o.Burst <= 0 {
+		return fmt.Errorf("kube-api-qps and kube-api-burst must be positive, got %v and %d", o.QPS, o.Burst)
+	}
+	if err := o.validateWork(); err != nil {
+		return err
 	}
 	if err := o.validateHostPaths(); err != nil {
 		return err
