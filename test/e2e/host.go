@@ -237,6 +237,11 @@ func isZombie(pid int) bool {
 
 // mountsUnder returns the mount points at or below root, deepest first.
 func mountsUnder(root string) []string {
+	// The kernel lists mount points by their real path: a bin/ that is a symlink (a git worktree
+	// sharing another checkout's bin/) must not hide them.
+	if real, err := filepath.EvalSymlinks(root); err == nil {
+		root = real
+	}
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
 		return nil
