@@ -8,12 +8,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"k8s.io/client-go/rest"
+
+	"github.com/kmm-project/kmm/test/envtest"
 )
 
 // restartable is one control-plane process (etcd or kube-apiserver) the injector kills and starts
@@ -31,28 +32,11 @@ type restartable struct {
 // findChild finds this process's child named name (envtest starts etcd and kube-apiserver as
 // children of the test process) and reads its command line and working directory.
 func findChild(name, logDir string) (*restartable, error) {
-	dirs, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil, err
-	}
-	for _, d := range dirs {
-		pid, err := strconv.Atoi(d.Name())
-		if err != nil {
+	for _, c := range envtest.Children() {
+		if c.Name != name {
 			continue
 		}
-		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			continue
-		}
-		s := string(stat)
-		open, end := strings.Index(s, "("), strings.LastIndex(s, ")")
-		if open < 0 || end < open {
-			continue
-		}
-		fields := strings.Fields(s[end+1:])
-		if s[open+1:end] != name || len(fields) < 2 || fields[1] != strconv.Itoa(os.Getpid()) {
-			continue
-		}
+		pid := c.PID
 		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 		if err != nil {
 			return nil, err

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/kmm-project/kmm/test/envtest"
 )
 
 // sample is one line of a Prometheus text exposition: a metric name, its labels and its value.
@@ -281,27 +283,12 @@ func processCPU() map[string]float64 {
 	if _, cpu, err := procStats(os.Getpid()); err == nil {
 		out["harness+agent"] = cpu
 	}
-	dirs, _ := os.ReadDir("/proc")
-	for _, d := range dirs {
-		pid, err := strconv.Atoi(d.Name())
-		if err != nil {
+	for _, c := range envtest.Children() {
+		if c.Name != "kube-apiserver" && c.Name != "etcd" {
 			continue
 		}
-		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			continue
-		}
-		s := string(stat)
-		open, end := strings.Index(s, "("), strings.LastIndex(s, ")")
-		if open < 0 || end < open {
-			continue
-		}
-		name, fields := s[open+1:end], strings.Fields(s[end+1:])
-		if (name != "kube-apiserver" && name != "etcd") || len(fields) < 2 || fields[1] != strconv.Itoa(os.Getpid()) {
-			continue
-		}
-		if _, cpu, err := procStats(pid); err == nil {
-			out[name] += cpu
+		if _, cpu, err := procStats(c.PID); err == nil {
+			out[c.Name] += cpu
 		}
 	}
 	return out
