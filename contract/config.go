@@ -28,6 +28,9 @@ type Config struct {
 	Name string `json:"name"`
 	// Config is what to load or unload, as resolved for this node.
 	Config kmmv1beta1.ModuleConfig `json:"config"`
+	// Previous is, for a reload only, the loaded config to unload before Config is loaded (same
+	// Module, same kernel).
+	Previous *kmmv1beta1.ModuleConfig `json:"previous,omitempty"`
 	// SetFirmwareClassPath, when true and Config.Modprobe.FirmwarePath is set, makes a load write
 	// FirmwareHostPath to /sys/module/firmware_class/parameters/path.
 	SetFirmwareClassPath bool `json:"setFirmwareClassPath,omitempty"`
@@ -69,7 +72,27 @@ func (c Config) Validate() error {
 		return errors.New("invalid config: namespace and name of the Module are required")
 	}
 	// The operator checks the same before it creates a worker pod: one function for both sides.
-	return validation.ModuleConfig(&c.Config)
+	if err := validation.ModuleConfig(&c.Config); err != nil {
+		return err
+	}
+	if c.Previous == nil {
+		return nil
+	}
+	if c.Previous.KernelVersion != c.Config.KernelVersion {
+		return fmt.Errorf("invalid config: the previous config is for kernel %q, the config for %q", c.Previous.KernelVersion, c.Config.KernelVersion)
+	}
+	if err := validation.ModuleConfig(c.Previous); err != nil {
+		return fmt.Errorf("previous config: %w", err)
+	}
+	return nil
+}
+
+// ValidateFor checks c for a run of action: a reload needs a previous config, the others take none.
+func (c Config) ValidateFor(action Action) error {
+	if (action == ActionReload) != (c.Previous != nil) {
+		return fmt.Errorf("invalid config: a previous config goes with the action reload only (action %s, previous given: %v)", action, c.Previous != nil)
+	}
+	return c.Validate()
 }
 
 // ModuleID is "<namespace>/<name>" of the Module.

@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 )
 
 const jsonConfig = `{"namespace":"ns","name":"m","setFirmwareClassPath":true,
@@ -56,6 +58,8 @@ func TestParseConfigRejects(t *testing.T) {
 		"missing name":      {`{"config":{"kernelVersion":"k","containerImage":"i","modprobe":{"moduleName":"a"}}}`, "namespace and name"},
 		"kernel with slash": {`{"namespace":"ns","name":"m","config":{"kernelVersion":"../../etc","containerImage":"i","modprobe":{"moduleName":"a"}}}`, "is not a kernel version"},
 		"firmware root":     {`{"namespace":"ns","name":"m","config":{"kernelVersion":"k","containerImage":"i","modprobe":{"moduleName":"a","firmwarePath":"/"}}}`, "firmwarePath must be a directory"},
+		"previous kernel":   {`{"namespace":"ns","name":"m","config":{"kernelVersion":"k","containerImage":"i","modprobe":{"moduleName":"a"}},"previous":{"kernelVersion":"k2","containerImage":"i","modprobe":{"moduleName":"a"}}}`, "the previous config is for kernel"},
+		"previous invalid":  {`{"namespace":"ns","name":"m","config":{"kernelVersion":"k","containerImage":"i","modprobe":{"moduleName":"a"}},"previous":{"kernelVersion":"k","modprobe":{"moduleName":"a"}}}`, "previous config: "},
 		"order":             {`{"namespace":"ns","name":"m","config":{"kernelVersion":"k","containerImage":"i","modprobe":{"moduleName":"a","modulesLoadingOrder":["b","a"]}}}`, "must equal moduleName"},
 	}
 	for name, tc := range cases {
@@ -83,5 +87,26 @@ func TestReadConfig(t *testing.T) {
 	}
 	if _, err := ReadConfig(f); err == nil || !strings.Contains(err.Error(), f) {
 		t.Errorf("malformed file: error %v should name the file", err)
+	}
+}
+
+func TestValidateForPairsPreviousWithReload(t *testing.T) {
+	mc := kmmv1beta1.ModuleConfig{KernelVersion: "k", ContainerImage: "i:2", Modprobe: kmmv1beta1.ModprobeSpec{ModuleName: "a"}}
+	old := mc
+	old.ContainerImage = "i:1"
+	with := Config{Namespace: "ns", Name: "m", Config: mc, Previous: &old}
+	without := Config{Namespace: "ns", Name: "m", Config: mc}
+	cases := []struct {
+		action Action
+		cfg    Config
+		ok     bool
+	}{
+		{ActionReload, with, true}, {ActionReload, without, false},
+		{ActionLoad, with, false}, {ActionUnload, with, false}, {ActionLoad, without, true},
+	}
+	for _, tc := range cases {
+		if err := tc.cfg.ValidateFor(tc.action); (err == nil) != tc.ok {
+			t.Errorf("%s with previous %v: error %v, want ok %v", tc.action, tc.cfg.Previous != nil, err, tc.ok)
+		}
 	}
 }

@@ -17,6 +17,18 @@ const (
 	ActionLoad Action = "load"
 	// ActionUnload pulls the image (usually from the cache) and unloads the module.
 	ActionUnload Action = "unload"
+	// ActionReload unloads the config's Previous (as ActionUnload would) and then loads the config
+	// (as ActionLoad would), in one run: an image bump with nothing to drain between the two.
+	ActionReload Action = "reload"
+)
+
+// The halves of a reload, as Result.FailedStep names them.
+const (
+	// StepUnload: the run stopped before the previous config was unloaded, or while unloading it
+	// (a config check, pulling either image, modprobe -r): the previous config is still loaded.
+	StepUnload = "unload"
+	// StepLoad: the previous config was unloaded, and the new one did not load.
+	StepLoad = "load"
 )
 
 // Outcome says whether a worker run did what it was asked.
@@ -93,6 +105,9 @@ type Result struct {
 	Message string `json:"message,omitempty"`
 	// Stderr is the tail of modprobe's standard error on a modprobe failure.
 	Stderr string `json:"stderr,omitempty"`
+	// FailedStep is, for a failed reload, the half that failed: StepUnload (the previous config is
+	// still loaded) or StepLoad (it was unloaded; the new one is not loaded). Empty otherwise.
+	FailedStep string `json:"failedStep,omitempty"`
 }
 
 // Marshal encodes r as one JSON object of at most MaxResultBytes, shortening Stderr and Message
@@ -136,9 +151,12 @@ func ParseResult(data []byte) (Result, error) {
 
 func (r Result) check() error {
 	switch r.Action {
-	case ActionLoad, ActionUnload:
+	case ActionLoad, ActionUnload, ActionReload:
 	default:
 		return fmt.Errorf("unknown action %q", r.Action)
+	}
+	if err := r.checkStep(); err != nil {
+		return err
 	}
 	switch r.Outcome {
 	case OutcomeSucceeded:
@@ -156,6 +174,18 @@ func (r Result) check() error {
 	}
 	if r.Namespace == "" && r.Name == "" && r.Outcome == OutcomeSucceeded {
 		return errors.New("a succeeded result names no Module")
+	}
+	return nil
+}
+
+// checkStep: a failed reload names the half that failed; nothing else names one.
+func (r Result) checkStep() error {
+	failedReload := r.Action == ActionReload && r.Outcome == OutcomeFailed
+	switch {
+	case failedReload && r.FailedStep != StepUnload && r.FailedStep != StepLoad:
+		return fmt.Errorf("a failed reload needs failedStep unload or load, got %q", r.FailedStep)
+	case !failedReload && r.FailedStep != "":
+		return fmt.Errorf("failedStep %q outside a failed reload", r.FailedStep)
 	}
 	return nil
 }

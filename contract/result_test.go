@@ -1,6 +1,7 @@
 package contract
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -63,7 +64,7 @@ func TestResultStderrTailIsAbout2KiB(t *testing.T) {
 func TestParseResultRejects(t *testing.T) {
 	cases := map[string]string{
 		"not JSON":             `modprobe: FATAL`,
-		"unknown action":       `{"action":"reload","namespace":"n","name":"m","outcome":"Succeeded"}`,
+		"unknown action":       `{"action":"restart","namespace":"n","name":"m","outcome":"Succeeded"}`,
 		"unknown outcome":      `{"action":"load","namespace":"n","name":"m","outcome":"Maybe"}`,
 		"failed without class": `{"action":"load","namespace":"n","name":"m","outcome":"Failed"}`,
 		"unknown class":        `{"action":"load","namespace":"n","name":"m","outcome":"Failed","reason":"Weird"}`,
@@ -77,5 +78,37 @@ func TestParseResultRejects(t *testing.T) {
 	}
 	if _, err := ParseResult([]byte(`{"action":"load","namespace":"n","name":"m","outcome":"Succeeded","newField":1}`)); err != nil {
 		t.Errorf("unknown fields must be ignored for forward compatibility: %v", err)
+	}
+}
+
+func TestResultFailedStepOnlyForAFailedReload(t *testing.T) {
+	base := `{"action":%q,"namespace":"ns","name":"m","kernel":"k","outcome":%q%s%s}`
+	cases := []struct {
+		action, outcome, reason, step string
+		ok                            bool
+	}{
+		{"reload", "Failed", "Busy", "unload", true},
+		{"reload", "Failed", "NotFound", "load", true},
+		{"reload", "Failed", "Busy", "", false},
+		{"reload", "Failed", "Busy", "both", false},
+		{"reload", "Succeeded", "", "", true},
+		{"reload", "Succeeded", "", "load", false},
+		{"load", "Failed", "Busy", "unload", false},
+	}
+	for _, tc := range cases {
+		reason, step := "", ""
+		if tc.reason != "" {
+			reason = `,"reason":"` + tc.reason + `"`
+		}
+		if tc.step != "" {
+			step = `,"failedStep":"` + tc.step + `"`
+		}
+		r, err := ParseResult([]byte(fmt.Sprintf(base, tc.action, tc.outcome, reason, step)))
+		if (err == nil) != tc.ok {
+			t.Errorf("%+v: error %v", tc, err)
+		}
+		if err == nil && r.FailedStep != tc.step {
+			t.Errorf("%+v: failedStep decoded as %q", tc, r.FailedStep)
+		}
 	}
 }

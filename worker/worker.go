@@ -120,6 +120,9 @@ func finish(res contract.Result, err error) contract.Result {
 		return res
 	}
 	res.Outcome = contract.OutcomeFailed
+	if res.Action == contract.ActionReload && res.FailedStep == "" {
+		res.FailedStep = contract.StepUnload // it failed before anything was unloaded
+	}
 	res.Reason = ReasonOf(err)
 	res.Message = err.Error()
 	res.Stderr = stderrOf(err)
@@ -127,10 +130,12 @@ func finish(res contract.Result, err error) contract.Result {
 }
 
 func (w *Worker) run(ctx context.Context, action contract.Action, cfg contract.Config, res *contract.Result) error {
-	if action != contract.ActionLoad && action != contract.ActionUnload {
-		return errorf(contract.ReasonOther, "unknown action %q: use load or unload", action)
+	switch action {
+	case contract.ActionLoad, contract.ActionUnload, contract.ActionReload:
+	default:
+		return errorf(contract.ReasonOther, "unknown action %q: use load, unload or reload", action)
 	}
-	if err := cfg.Validate(); err != nil {
+	if err := cfg.ValidateFor(action); err != nil {
 		return classified(contract.ReasonInvalidConfig, err)
 	}
 	log := w.opts.Log.WithValues("module", cfg.ModuleID(), "kernel", cfg.Config.KernelVersion, "action", action)
@@ -139,23 +144,70 @@ func (w *Worker) run(ctx context.Context, action contract.Action, cfg contract.C
 		return classified(contract.ReasonOther, err)
 	}
 	res.BootID = bootID
-	log.Info("Fetching the kmod image", "image", cfg.Config.ContainerImage, "pullPolicy", cfg.Config.ImagePullPolicy)
-	img, err := w.fetch(ctx, cfg.Namespace, cfg.Config)
+	if action == contract.ActionReload {
+		return w.reload(ctx, log, cfg, res)
+	}
+	img, err := w.fetchLogged(ctx, log, cfg.Namespace, cfg.Config)
 	if img.release != nil {
 		defer img.release()
 	}
 	if err != nil {
-		return deadlineError(err, ctx.Err(), w.opts.Timeout, contract.ReasonImagePull, "pulling and extracting the image")
+		return err
 	}
 	res.ImageDigest, res.FromCache = img.digest.String(), img.fromCache
 	log = log.WithValues("digest", res.ImageDigest)
-	log.Info("Image ready", "fromCache", img.fromCache, "root", img.root)
 	if action == contract.ActionLoad {
 		err = w.load(ctx, log, cfg, img.root)
 	} else {
 		err = w.unload(ctx, log, cfg, img.root)
 	}
 	return deadlineError(err, ctx.Err(), w.opts.Timeout, contract.ReasonOther, string(action)+"ing the module")
+}
+
+// fetchLogged fetches the image of mc, logging it, with a timed-out pull reported as such.
+func (w *Worker) fetchLogged(ctx context.Context, log logr.Logger, namespace string, mc kmmv1beta1.ModuleConfig) (fetched, error) {
+	log.Info("Fetching the kmod image", "image", mc.ContainerImage, "pullPolicy", mc.ImagePullPolicy)
+	img, err := w.fetch(ctx, namespace, mc)
+	if err != nil {
+		return img, deadlineError(err, ctx.Err(), w.opts.Timeout, contract.ReasonImagePull, "pulling and extracting the image")
+	}
+	log.Info("Image ready", "digest", img.digest.String(), "fromCache", img.fromCache, "root", img.root)
+	return img, nil
+}
+
+// reload unloads cfg.Previous and then loads cfg.Config. Both images are fetched first, so that a
+// pull failure leaves the previous config loaded; res.FailedStep says which half failed. The
+// result's digest is the new image's.
+func (w *Worker) reload(ctx context.Context, log logr.Logger, cfg contract.Config, res *contract.Result) (err error) {
+	res.FailedStep = contract.StepUnload
+	defer func() {
+		if err == nil {
+			res.FailedStep = ""
+		}
+	}()
+	prev := cfg
+	prev.Config, prev.Previous = *cfg.Previous, nil
+	old, err := w.fetchLogged(ctx, log.WithValues("half", contract.StepUnload), cfg.Namespace, prev.Config)
+	if old.release != nil {
+		defer old.release()
+	}
+	if err != nil {
+		return err
+	}
+	img, err := w.fetchLogged(ctx, log.WithValues("half", contract.StepLoad), cfg.Namespace, cfg.Config)
+	if img.release != nil {
+		defer img.release()
+	}
+	if err != nil {
+		return err
+	}
+	res.ImageDigest, res.FromCache = img.digest.String(), img.fromCache
+	if err := w.unload(ctx, log.WithValues("digest", old.digest.String()), prev, old.root); err != nil {
+		return deadlineError(err, ctx.Err(), w.opts.Timeout, contract.ReasonOther, "unloading the previous module")
+	}
+	res.FailedStep = contract.StepLoad
+	err = w.load(ctx, log.WithValues("digest", res.ImageDigest), cfg, img.root)
+	return deadlineError(err, ctx.Err(), w.opts.Timeout, contract.ReasonOther, "loading the module")
 }
 
 // fetched is an image in the cache.

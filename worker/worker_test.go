@@ -320,7 +320,7 @@ func TestMissingBootIDFails(t *testing.T) {
 func TestRunRejectsBadInput(t *testing.T) {
 	s := newSandbox(t)
 	w := newTestWorker(t, s, newRecorder(t))
-	if res := w.Run(context.Background(), contract.Action("reload"), testConfig("r/i:t")); res.Reason != contract.ReasonOther || !strings.Contains(res.Message, `unknown action "reload"`) {
+	if res := w.Run(context.Background(), contract.Action("restart"), testConfig("r/i:t")); res.Reason != contract.ReasonOther || !strings.Contains(res.Message, `unknown action "restart"`) {
 		t.Errorf("unknown action: %+v", res)
 	}
 	cfg := testConfig("r/i:t")

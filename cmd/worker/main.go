@@ -154,8 +154,8 @@ func parseFlags(args []string, errOut io.Writer) (flags, error) {
 
 func (f flags) check() error {
 	switch {
-	case f.action != contract.ActionLoad && f.action != contract.ActionUnload:
-		return fmt.Errorf("the action must be load or unload, got %q", f.action)
+	case f.action != contract.ActionLoad && f.action != contract.ActionUnload && f.action != contract.ActionReload:
+		return fmt.Errorf("the action must be load, unload or reload, got %q", f.action)
 	case f.config == "":
 		return errors.New("--config is required")
 	case f.timeout <= 0:

@@ -246,8 +246,8 @@ func TestUsageErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		"no action":           {[]string{"--config", e.config}, "must be load or unload"},
-		"unknown action":      {[]string{"reload", "--config", e.config}, `got "reload"`},
+		"no action":           {[]string{"--config", e.config}, "must be load, unload or reload"},
+		"unknown action":      {[]string{"restart", "--config", e.config}, `got "restart"`},
 		"no config":           {[]string{"load"}, "--config is required"},
 		"dry run on the host": {[]string{"load", "--config", e.config, "--dry-run"}, "--dry-run needs --host-root"},
 		"unknown flag":        {[]string{"load", "--colour"}, "flag provided but not defined"},

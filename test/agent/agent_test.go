@@ -415,3 +415,53 @@ func gone(t *testing.T, obj client.Object, what string) {
 		t.Fatalf("%s: %s/%s still exists", what, obj.GetNamespace(), obj.GetName())
 	}
 }
+
+// TestReload: a reload pod replaces the loaded config in one run; a reload whose load half fails
+// (config for another kernel) leaves nothing loaded and says so; one whose image cannot be pulled
+// leaves the previous config loaded.
+func TestReload(t *testing.T) {
+	ns, node := namespace(t), addNode(t, kernel)
+	load := workerPod(t, node, contract.ActionLoad, config(ns, "mod-r", kernel, "registry.example/kmod-r:v1"))
+	create(t, load)
+	ended(t, load)
+	run := func(name, image, cfgKernel string) contract.Result {
+		t.Helper()
+		next := config(ns, "mod-r", cfgKernel, image)
+		prev := ag.Loaded(node)[ns+"/mod-r"]
+		next.Previous = &prev
+		pod := workerPod(t, node, contract.ActionReload, next)
+		pod.Name = name
+		create(t, pod)
+		r, _ := result(t, ended(t, pod))
+		return r
+	}
+	if r := run("reload-ok", "registry.example/kmod-r:v2", kernel); r.Action != contract.ActionReload || r.Outcome != contract.OutcomeSucceeded || r.FailedStep != "" {
+		t.Errorf("reload result = %+v", r)
+	}
+	if got := ag.Loaded(node)[ns+"/mod-r"]; got.ContainerImage != "registry.example/kmod-r:v2" {
+		t.Errorf("loaded after the reload: %v", ag.Loaded(node))
+	}
+	if r := run("reload-pull", "registry.example/broken:v3", kernel); r.Reason != contract.ReasonImagePull || r.FailedStep != contract.StepUnload {
+		t.Errorf("reload of an image that cannot be pulled: %+v", r)
+	}
+	if got := ag.Loaded(node)[ns+"/mod-r"]; got.ContainerImage != "registry.example/kmod-r:v2" {
+		t.Errorf("a reload failing before its unload changed what is loaded: %v", ag.Loaded(node))
+	}
+	if r := run("reload-load", "registry.example/kmod-r:v4", kernel); r.Outcome != contract.OutcomeSucceeded {
+		t.Fatalf("reload: %+v", r)
+	}
+	next := config(ns, "mod-r", kernel, "registry.example/kmod-r:v5")
+	next.Config.KernelVersion, next.Previous = "5.14.0-old", nil
+	prev := ag.Loaded(node)[ns+"/mod-r"]
+	prev.KernelVersion = "5.14.0-old"
+	next.Previous = &prev
+	pod := workerPod(t, node, contract.ActionReload, next)
+	pod.Name = "reload-other-kernel"
+	create(t, pod)
+	if r, _ := result(t, ended(t, pod)); r.Reason != contract.ReasonNotFound || r.FailedStep != contract.StepLoad {
+		t.Errorf("reload whose load half fails: %+v", r)
+	}
+	if got := ag.Loaded(node); len(got) != 0 {
+		t.Errorf("a reload whose load half failed should leave nothing loaded: %v", got)
+	}
+}

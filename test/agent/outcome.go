@@ -41,6 +41,9 @@ type Verdict struct {
 	// ImageDigest, when set, is reported instead of the agent's stand-in digest (for example by an
 	// OutcomeFunc that runs the real worker).
 	ImageDigest string
+	// FailedStep is, for a failed reload, the half that failed (contract.StepUnload or StepLoad);
+	// empty means StepUnload: nothing was unloaded.
+	FailedStep string
 }
 
 // OutcomeFunc decides how a worker run ends. It must be pure and fast: the agent calls it with its
@@ -67,11 +70,25 @@ const refusedConfigMarker = "refusedconfig"
 // with InvalidConfig when the image reference contains "refusedconfig", with ImagePull when it
 // contains "broken" or "doesnotexist", with NotFound when
 // the config was resolved for another kernel than the node runs, and succeeds otherwise. An unload
-// always succeeds: unloading a module that is not loaded is not an error.
+// always succeeds: unloading a module that is not loaded is not an error. A reload is an unload
+// and a load: its load half fails as a load would, reported as the unload half (nothing unloaded)
+// when the real worker finds it before unloading (a refused config, an image it cannot pull).
 func DefaultOutcome(in RunInput) Verdict {
-	if in.Action != contract.ActionLoad {
-		return Succeeded()
+	switch in.Action {
+	case contract.ActionLoad:
+		return loadOutcome(in)
+	case contract.ActionReload:
+		v := loadOutcome(in)
+		if v.Outcome == contract.OutcomeFailed && v.Reason == contract.ReasonNotFound {
+			v.FailedStep = contract.StepLoad
+		}
+		return v
 	}
+	return Succeeded()
+}
+
+// loadOutcome is DefaultOutcome's verdict for loading in.Config.
+func loadOutcome(in RunInput) Verdict {
 	mc := in.Config.Config
 	if strings.Contains(mc.ContainerImage, refusedConfigMarker) {
 		return Failed(contract.ReasonInvalidConfig, "invalid config: simulated: this worker refuses "+mc.ContainerImage)
@@ -114,6 +131,12 @@ func buildResult(in RunInput, bootID string, v Verdict) contract.Result {
 		Reason:       v.Reason,
 		Message:      v.Message,
 		Stderr:       v.Stderr,
+	}
+	if in.Action == contract.ActionReload && v.Outcome == contract.OutcomeFailed {
+		r.FailedStep = v.FailedStep
+		if r.FailedStep == "" {
+			r.FailedStep = contract.StepUnload
+		}
 	}
 	if mc.ContainerImage != "" && v.Reason != contract.ReasonImagePull {
 		r.ImageDigest = ImageDigest(mc.ContainerImage)

@@ -23,6 +23,9 @@ func TestDefaultOutcome(t *testing.T) {
 		{"image beats kernel", contract.ActionLoad, "reg/broken:v1", "6.1", "6.2", contract.ReasonImagePull, false},
 		{"other kernel", contract.ActionLoad, "reg/kmod:v1", "6.1", "6.2", contract.ReasonNotFound, false},
 		{"unload anything", contract.ActionUnload, "reg/broken:v1", "6.1", "6.2", "", true},
+		{"reload", contract.ActionReload, "reg/kmod:v2", "6.1", "6.1", "", true},
+		{"reload of a broken image", contract.ActionReload, "reg/broken:v2", "6.1", "6.1", contract.ReasonImagePull, false},
+		{"reload for another kernel", contract.ActionReload, "reg/kmod:v2", "6.1", "6.2", contract.ReasonNotFound, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := config("ns", "m", tc.cfgKernel, tc.image)
@@ -32,6 +35,10 @@ func TestDefaultOutcome(t *testing.T) {
 			}
 			if !tc.succeeded && v.Message == "" {
 				t.Error("a failure without a message")
+			}
+			// Only a reload's NotFound comes after its unload; a pull failure comes before it.
+			if wantLoadHalf := tc.action == contract.ActionReload && tc.want == contract.ReasonNotFound; (v.FailedStep == contract.StepLoad) != wantLoadHalf {
+				t.Errorf("failed step %q", v.FailedStep)
 			}
 		})
 	}

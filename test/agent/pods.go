@@ -110,11 +110,14 @@ func (a *Agent) runPod(ctx context.Context, st *nodeState, pod *corev1.Pod) erro
 func (a *Agent) applyRun(st *nodeState, pod *corev1.Pod, res contract.Result, cfg *contract.Config) {
 	if cfg != nil && res.Outcome == contract.OutcomeSucceeded {
 		switch res.Action {
-		case contract.ActionLoad:
+		case contract.ActionLoad, contract.ActionReload:
 			st.loaded[cfg.ModuleID()] = *cfg.Config.DeepCopy()
 		case contract.ActionUnload:
 			delete(st.loaded, cfg.ModuleID())
 		}
+	}
+	if cfg != nil && res.Action == contract.ActionReload && res.FailedStep == contract.StepLoad {
+		delete(st.loaded, cfg.ModuleID()) // the previous config was unloaded, the new one did not load
 	}
 	a.record(st.name, pod, res)
 }
@@ -129,7 +132,7 @@ func (a *Agent) decide(st *nodeState, pod *corev1.Pod) (contract.Result, *contra
 		return res, nil
 	}
 	action := contract.Action(pod.Labels[contract.LabelAction])
-	if action != contract.ActionLoad && action != contract.ActionUnload {
+	if action != contract.ActionLoad && action != contract.ActionUnload && action != contract.ActionReload {
 		return podResult(pod, st.bootID, fmt.Sprintf("unknown action %q", action)), nil
 	}
 	in := RunInput{Node: st.name, NodeKernel: st.kernel, BootID: st.bootID, Action: action, Config: cfg, Pod: pod}
