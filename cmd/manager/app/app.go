@@ -348,7 +348,8 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 		metrics.SecureServing = true
 		metrics.FilterProvider = filters.WithAuthenticationAndAuthorization
 	}
-	lock, err := seededLeaderLock(cfg, o)
+	leaseEvents := &lateEvents{}
+	lock, err := fencedLeaderElection(cfg, o, leaseEvents)
 	if err != nil {
 		return nil, err
 	}
@@ -385,6 +386,7 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating the manager: %w", err)
 	}
+	leaseEvents.bind(mgr)
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return nil, fmt.Errorf("adding the health check: %w", err)
 	}

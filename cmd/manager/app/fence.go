@@ -1,0 +1,114 @@
+package app
+
+import (
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/client-go/tools/record"
+	"sigs.k8s.io/controller-runtime/pkg/leaderelection"
+	"sigs.k8s.io/controller-runtime/pkg/recorder"
+
+	"github.com/kmm-project/kmm/internal/leasefence"
+)
+
+// fencedLeaderElection builds the leader election lock and the fence that follows it
+// (internal/leasefence), and wraps cfg's transport with the fence, so that a replica writes only
+// while its last Lease renewal started less than the renew deadline ago. Without leader election
+// it changes nothing and returns nils. events receives the lock's Events ("became leader") once
+// the manager exists: bind it then.
+func fencedLeaderElection(cfg *rest.Config, o Options, events *lateEvents) (resourcelock.Interface, error) {
+	if !o.LeaderElect {
+		return nil, nil
+	}
+	lock, err := seededLeaderLock(cfg, o)
+	if err != nil {
+		return nil, err
+	}
+	renewDeadline := o.RenewDeadline
+	if renewDeadline == 0 {
+		renewDeadline = defaultRenewDeadline
+	}
+	if lock == nil {
+		lock, err = leaderelection.NewResourceLock(cfg, events, leaderelection.Options{
+			LeaderElection:          true,
+			LeaderElectionID:        LeaderElectionID,
+			LeaderElectionNamespace: o.LeaderElectNamespace,
+			RenewDeadline:           renewDeadline,
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	fence := leasefence.New(renewDeadline, nil)
+	cfg.Wrap(fence.Wrap)
+	return fence.Lock(lock), nil
+}
+
+// defaultRenewDeadline is controller-runtime's default RenewDeadline, used when --leader-elect-renew-deadline is 0.
+const defaultRenewDeadline = 10 * time.Second
+
+// lateEvents is a recorder.Provider whose recorders forward to the manager's once bind is called;
+// Events recorded before that are dropped.
+type lateEvents struct {
+	mu       sync.Mutex
+	provider recorder.Provider
+}
+
+func (l *lateEvents) bind(p recorder.Provider) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.provider = p
+}
+
+func (l *lateEvents) bound() recorder.Provider {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.provider
+}
+
+// GetEventRecorderFor is a recorder that forwards to the bound provider's recorder for name.
+func (l *lateEvents) GetEventRecorderFor(name string) record.EventRecorder {
+	return lateRecorder{events: l, name: name}
+}
+
+// GetEventRecorder is the bound provider's recorder for name (nil before bind; the lock does not use it).
+func (l *lateEvents) GetEventRecorder(name string) recorder.EventRecorder {
+	if p := l.bound(); p != nil {
+		return p.GetEventRecorder(name)
+	}
+	return nil
+}
+
+// lateRecorder forwards to events' bound provider, or drops the Event.
+type lateRecorder struct {
+	events *lateEvents
+	name   string
+}
+
+func (r lateRecorder) target() record.EventRecorder {
+	if p := r.events.bound(); p != nil {
+		return p.GetEventRecorderFor(r.name) //nolint:staticcheck // the Lease lock uses the old events API
+	}
+	return nil
+}
+
+func (r lateRecorder) Event(obj runtime.Object, eventtype, reason, message string) {
+	if t := r.target(); t != nil {
+		t.Event(obj, eventtype, reason, message)
+	}
+}
+
+func (r lateRecorder) Eventf(obj runtime.Object, eventtype, reason, messageFmt string, args ...any) {
+	if t := r.target(); t != nil {
+		t.Eventf(obj, eventtype, reason, messageFmt, args...)
+	}
+}
+
+func (r lateRecorder) AnnotatedEventf(obj runtime.Object, annotations map[string]string, eventtype, reason, messageFmt string, args ...any) {
+	if t := r.target(); t != nil {
+		t.AnnotatedEventf(obj, annotations, eventtype, reason, messageFmt, args...)
+	}
+}

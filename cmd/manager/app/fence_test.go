@@ -1,0 +1,93 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/kmm-project/kmm/internal/leasefence"
+	"github.com/kmm-project/kmm/test/envtest"
+)
+
+// TestLeaderWritesAreFencedByItsLease runs the manager with leader election on a real API server:
+// once it leads, its client writes; once another replica holds the Lease, the same client's
+// writes are refused before they are sent (internal/leasefence), although the process has not
+// exited. Without the fence wired into New (the seeded fault: no cfg.Wrap), the last write goes
+// through and the test fails.
+func TestLeaderWritesAreFencedByItsLease(t *testing.T) {
+	env, err := envtest.StartWith(envtest.Options{Bare: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Stop() })
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	admin, err := client.New(env.Config, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ns = "kmm-fence"
+	if err := admin.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	o := DefaultOptions()
+	o.MetricsAddr, o.ProbeAddr, o.DisableWebhook, o.DisableControllers = "0", "0", true, true
+	o.LeaderElect, o.LeaderElectNamespace = true, ns
+	o.LeaseDuration, o.RenewDeadline, o.RetryPeriod = 4*time.Second, 2*time.Second, 200*time.Millisecond
+	mgr, err := New(env.Config, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped := make(chan error, 1)
+	go func() { stopped <- mgr.Start(ctx) }()
+	select {
+	case <-mgr.Elected():
+	case <-ctx.Done():
+		t.Fatal("the manager never led")
+	}
+	c := mgr.GetClient()
+	cm := func(name string) *corev1.ConfigMap {
+		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+	}
+	if err := c.Create(ctx, cm("while-leading")); err != nil {
+		t.Fatalf("a write while leading: %v", err)
+	}
+
+	// Another replica takes the Lease over.
+	var lease coordinationv1.Lease
+	if err := admin.Get(ctx, client.ObjectKey{Namespace: ns, Name: LeaderElectionID}, &lease); err != nil {
+		t.Fatal(err)
+	}
+	now := metav1.NewMicroTime(time.Now())
+	lease.Spec.HolderIdentity, lease.Spec.RenewTime, lease.Spec.AcquireTime = ptr.To("thief"), &now, &now
+	lease.Spec.LeaseDurationSeconds = ptr.To(int32(3600))
+	if err := admin.Update(ctx, &lease); err != nil {
+		t.Fatal(err)
+	}
+	stolen := time.Now()
+	deadline := stolen.Add(o.RenewDeadline + time.Second)
+	for {
+		err := c.Create(ctx, cm("after-"+time.Now().Format("150405.000000")))
+		if errors.Is(err, leasefence.ErrFenced) {
+			t.Logf("writes refused %v after the Lease was taken over", time.Since(stolen).Round(time.Millisecond))
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a write %v after another replica took the Lease: err %v, want leasefence.ErrFenced", time.Since(stolen), err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	select {
+	case err := <-stopped:
+		t.Logf("the manager stopped: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the manager did not stop after losing its Lease")
+	}
+}
