@@ -92,6 +92,16 @@ func removed(r PairRow) PairRow {
 // relistBackOff spaces the lists status -w makes after its watch expired.
 var relistBackOff = wait.Backoff{Duration: time.Second, Factor: 2, Jitter: 0.1, Steps: 6, Cap: 30 * time.Second}
 
+// relistPause is the pause before the next list after a watch that followed for `followed`: the
+// back-off's next step, or its first again when the watch ran longer than the longest pause (the
+// expiry then is the server's routine, not a loop of failing lists).
+func relistPause(b *wait.Backoff, followed time.Duration) time.Duration {
+	if followed > b.Cap {
+		*b = relistBackOff
+	}
+	return b.Step()
+}
+
 // watchNMCs follows NodeModulesConfigs from resourceVersion rv until ctx ends: observe gets each
 // NMC that changed (nil when deleted, by name). A watch the server closes is re-established from
 // the last version seen (client-go's RetryWatcher); when that version has expired, it lists again
@@ -107,6 +117,7 @@ func (s *session) watchNMCs(ctx context.Context, hooks *watchHooks, rv string,
 	backOff := relistBackOff
 	for {
 		w := &nmcWatcher{client: wc, hooks: hooks}
+		started := time.Now()
 		err := w.follow(ctx, rv, observe)
 		if ctx.Err() != nil {
 			return nil
@@ -118,7 +129,7 @@ func (s *session) watchNMCs(ctx context.Context, hooks *watchHooks, rv string,
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-time.After(backOff.Step()):
+		case <-time.After(relistPause(&backOff, time.Since(started))):
 		}
 		list := &kmmv1beta1.NodeModulesConfigList{}
 		if err := s.client.List(ctx, list); err != nil {
