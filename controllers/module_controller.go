@@ -5,12 +5,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
@@ -54,7 +57,8 @@ type ModuleReconciler struct {
 	// Clock gives the conditions' transition times; nil means the real clock.
 	Clock clock.PassiveClock
 
-	conflicts conflictRetry
+	conflicts    conflictRetry
+	statusWrites statusWrites
 }
 
 func (r *ModuleReconciler) clock() clock.PassiveClock {
@@ -69,7 +73,8 @@ func (r *ModuleReconciler) clock() clock.PassiveClock {
 func (r *ModuleReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("module").
-		For(&kmmv1beta1.Module{}).
+		For(&kmmv1beta1.Module{}, builder.WithPredicates(predicate.Not(statusOnlyUpdate()))).
+		Watches(&kmmv1beta1.Module{}, delayedStatusUpdates(), builder.WithPredicates(statusOnlyUpdate())).
 		Owns(&appsv1.DaemonSet{}).
 		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.modulesForNode), builder.WithPredicates(nodeLabelsOrKernelChanged())).
 		Watches(&kmmv1beta1.NodeModulesConfig{}, nmcEvents()).
@@ -107,6 +112,33 @@ func nmcEvents() handler.Funcs {
 			add(q, e.Object)
 		},
 	}
+}
+
+// statusOnlyUpdate passes the Module updates that change nothing but its status (and the
+// resourceVersion): the controller's own status writes, mostly.
+func statusOnlyUpdate() predicate.Predicate {
+	return predicate.Funcs{
+		CreateFunc:  func(event.CreateEvent) bool { return false },
+		DeleteFunc:  func(event.DeleteEvent) bool { return false },
+		GenericFunc: func(event.GenericEvent) bool { return false },
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			o, n := e.ObjectOld, e.ObjectNew
+			oldRefs, newRefs := o.GetOwnerReferences(), n.GetOwnerReferences()
+			return o.GetGeneration() == n.GetGeneration() && o.GetDeletionTimestamp().Equal(n.GetDeletionTimestamp()) &&
+				maps.Equal(o.GetLabels(), n.GetLabels()) && maps.Equal(o.GetAnnotations(), n.GetAnnotations()) &&
+				slices.Equal(o.GetFinalizers(), n.GetFinalizers()) && semantic.Equal(&oldRefs, &newRefs)
+		},
+	}
+}
+
+// delayedStatusUpdates enqueues a Module whose status alone changed ModuleStatusDelay later, like
+// an NMC change: each status write would otherwise be followed at once by a reconcile that counts
+// the nodes again and, while pairs move, writes again (issue 22). A status someone else changed is
+// still put right, a second later.
+func delayedStatusUpdates() handler.Funcs {
+	return handler.Funcs{UpdateFunc: func(_ context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+		q.AddAfter(reconcile.Request{NamespacedName: client.ObjectKeyFromObject(e.ObjectNew)}, ModuleStatusDelay)
+	}}
 }
 
 // nodeLabelsOrKernelChanged drops Node updates that change neither labels nor the kernel.
@@ -159,6 +191,9 @@ func (r *ModuleReconciler) reconcile(ctx context.Context, req ctrl.Request) (ctr
 	log := ctrl.LoggerFrom(ctx).WithValues("module", req.String())
 	m := &kmmv1beta1.Module{}
 	if err := r.Client.Get(ctx, req.NamespacedName, m); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.statusWrites.forget(req.NamespacedName)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	// The finalizer comes before any entry is written, so that a deletion always unloads.
@@ -167,22 +202,25 @@ func (r *ModuleReconciler) reconcile(ctx context.Context, req ctrl.Request) (ctr
 			return ctrl.Result{}, err
 		}
 	}
+	started := r.clock().Now()
 	scope, err := r.gather(ctx, m)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	scope.started = started
 	scope.decide()
 	errs := r.act(ctx, scope, log)
 	scope.actedOn = errors.Join(errs...) == nil
 	// A refusal for what the object is will not pass by itself: the status and an Event say so
 	// (the error still requeues with back-off, for a refusal that a policy change lifts).
 	scope.refused = refusalMessage(errs...)
-	errs = append(errs, r.writeStatus(ctx, scope))
+	statusWait, err := r.writeStatus(ctx, scope)
+	errs = append(errs, err)
 	if err := errors.Join(errs...); err != nil {
 		return ctrl.Result{}, err
 	}
-	res := ctrl.Result{}
-	if scope.handoverPending {
+	res := ctrl.Result{RequeueAfter: statusWait}
+	if scope.handoverPending && (res.RequeueAfter == 0 || res.RequeueAfter > HandoverPoll) {
 		res.RequeueAfter = HandoverPoll // upstream's device plugin pods are not watched
 	}
 	return res, r.releaseWhenUnloaded(ctx, scope, log)
@@ -244,6 +282,9 @@ type moduleScope struct {
 	// handoverWaiting which nodes only they serve yet (handover.go).
 	handoverPending bool
 	handoverWaiting []string
+	// started is when the reconcile began to read: the time of its status write for
+	// statusWriteWait, so that a reconcile an NMC change queued during the last one is not early.
+	started time.Time
 	// actedOn says the Module's generation was fully acted on (every write succeeded, or the Module
 	// is invalid and its nodes are left alone): only then is it the status's observedGeneration.
 	actedOn bool

@@ -5,11 +5,14 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
@@ -18,12 +21,13 @@ import (
 )
 
 // writeStatus computes Module.status from the scope and the device plugin DaemonSets and writes it
-// only when it changed.
-func (r *ModuleReconciler) writeStatus(ctx context.Context, s *moduleScope) error {
+// only when it changed, and then at most once per ModuleStatusDelay unless its summary changed
+// (statusWriteWait). A change it holds back is written by the reconcile after the wait it returns.
+func (r *ModuleReconciler) writeStatus(ctx context.Context, s *moduleScope) (time.Duration, error) {
 	m := s.module
 	dsList := &appsv1.DaemonSetList{}
 	if err := r.Client.List(ctx, dsList, client.InNamespace(m.Namespace), client.MatchingLabels(devicePluginLabels(m))); err != nil {
-		return err
+		return 0, err
 	}
 	next := computeModuleStatus(s, dsList.Items, metav1.NewTime(r.clock().Now()))
 	for state, n := range next.NodesByState {
@@ -41,17 +45,79 @@ func (r *ModuleReconciler) writeStatus(ctx context.Context, s *moduleScope) erro
 		}
 	}
 	if semantic.Equal(&next, &m.Status) {
-		return nil
+		return 0, nil
+	}
+	key := types.NamespacedName{Namespace: m.Namespace, Name: m.Name}
+	now := s.started
+	if wait := statusWriteWait(&m.Status, &next, r.statusWrites.last(key), now); wait > 0 {
+		return wait, nil
 	}
 	prev := m.Status.Conditions
 	m.Status = next
 	if err := r.Client.Status().Update(ctx, m); err != nil {
-		return client.IgnoreNotFound(err)
+		return 0, client.IgnoreNotFound(err)
 	}
+	r.statusWrites.wrote(key, now)
 	if ev, ok := moduleEvent(prev, next.Conditions); ok {
 		r.Recorder.Eventf(m, nil, ev.eventType, ev.reason, "StateChanged", ev.note)
 	}
-	return nil
+	return 0, nil
+}
+
+// statusWriteWait is how long a changed Module status waits before it is written (0: now). A
+// Module's status counts every node, and while it rolls out its counters change with every pair
+// that moves: they are written at most once per ModuleStatusDelay since this process last wrote
+// it, measured between the starts of the reconciles that wrote (issue 22: 242 writes in a 45 s load of one Module over 1,000 nodes before). A change of its
+// summary (a condition's status or reason, or the observed generation, which clients wait on) is
+// written at once.
+func statusWriteWait(cur, next *kmmv1beta1.ModuleStatus, last, now time.Time) time.Duration {
+	if last.IsZero() || summaryChanged(cur, next) {
+		return 0
+	}
+	return max(last.Add(ModuleStatusDelay).Sub(now), 0)
+}
+
+// summaryChanged says whether next differs from cur in its observed generation or in a condition's
+// presence, status or reason (not in its message or counters).
+func summaryChanged(cur, next *kmmv1beta1.ModuleStatus) bool {
+	if cur.ObservedGeneration != next.ObservedGeneration || len(cur.Conditions) != len(next.Conditions) {
+		return true
+	}
+	for _, c := range next.Conditions {
+		old := meta.FindStatusCondition(cur.Conditions, c.Type)
+		if old == nil || old.Status != c.Status || old.Reason != c.Reason {
+			return true
+		}
+	}
+	return false
+}
+
+// statusWrites remembers when this process last wrote each Module's status; an entry goes with its
+// Module, so it holds at most one per Module.
+type statusWrites struct {
+	mu sync.Mutex
+	at map[types.NamespacedName]time.Time
+}
+
+func (w *statusWrites) last(key types.NamespacedName) time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.at[key]
+}
+
+func (w *statusWrites) wrote(key types.NamespacedName, now time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.at == nil {
+		w.at = map[types.NamespacedName]time.Time{}
+	}
+	w.at[key] = now
+}
+
+func (w *statusWrites) forget(key types.NamespacedName) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.at, key)
 }
 
 // kubeEvent is a Kubernetes Event to emit.

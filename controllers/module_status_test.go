@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -8,6 +9,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 )
@@ -105,5 +109,79 @@ func TestModuleConditions(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestStatusWriteWait(t *testing.T) {
+	t0 := time.Date(2026, 11, 26, 8, 0, 0, 0, time.UTC)
+	f, tr := metav1.ConditionFalse, metav1.ConditionTrue
+	status := func(gen int64, ready metav1.ConditionStatus, reason, msg string) *kmmv1beta1.ModuleStatus {
+		return &kmmv1beta1.ModuleStatus{ObservedGeneration: gen, Conditions: []metav1.Condition{
+			{Type: kmmv1beta1.ConditionReady, Status: ready, Reason: reason, Message: msg},
+			{Type: kmmv1beta1.ConditionDegraded, Status: f, Reason: kmmv1beta1.ReasonAsExpected},
+		}}
+	}
+	progress := func(msg string) *kmmv1beta1.ModuleStatus { return status(1, f, kmmv1beta1.ReasonInProgress, msg) }
+	tests := []struct {
+		name      string
+		cur, next *kmmv1beta1.ModuleStatus
+		last, now time.Time
+		want      time.Duration
+	}{
+		{"never written by this process", progress("0 of 9"), progress("1 of 9"), time.Time{}, t0, 0},
+		{"progress right after a write waits for the rest of the second", progress("1 of 9"), progress("2 of 9"),
+			t0, t0.Add(300 * time.Millisecond), 700 * time.Millisecond},
+		{"progress a second after the last write", progress("2 of 9"), progress("3 of 9"), t0, t0.Add(time.Second), 0},
+		{"all loaded is written at once", progress("8 of 9"), status(1, tr, kmmv1beta1.ReasonAllLoaded, "9 of 9"),
+			t0, t0.Add(10 * time.Millisecond), 0},
+		{"a new observed generation is written at once", progress("8 of 9"), status(2, f, kmmv1beta1.ReasonInProgress, "8 of 9"),
+			t0, t0.Add(10 * time.Millisecond), 0},
+		{"a new condition is written at once", &kmmv1beta1.ModuleStatus{ObservedGeneration: 1}, progress("0 of 9"),
+			t0, t0.Add(10 * time.Millisecond), 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := statusWriteWait(tt.cur, tt.next, tt.last, tt.now); got != tt.want {
+				t.Errorf("wait %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestModuleStatusOnlyUpdatesAreDelayed(t *testing.T) {
+	m := &kmmv1beta1.Module{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "m", Generation: 1, Finalizers: []string{ModuleFinalizer}}}
+	statusOnly := m.DeepCopy()
+	statusOnly.Status.ObservedGeneration = 1
+	statusOnly.ResourceVersion = "2"
+	specChanged := m.DeepCopy()
+	specChanged.Generation = 2
+	deleted := m.DeepCopy()
+	deleted.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+	relabelled := m.DeepCopy()
+	relabelled.Labels = map[string]string{"a": "b"}
+	p := statusOnlyUpdate()
+	for name, tt := range map[string]struct {
+		next *kmmv1beta1.Module
+		want bool
+	}{"status": {statusOnly, true}, "spec": {specChanged, false}, "deletion": {deleted, false}, "labels": {relabelled, false}} {
+		if got := p.Update(event.UpdateEvent{ObjectOld: m, ObjectNew: tt.next}); got != tt.want {
+			t.Errorf("%s: statusOnlyUpdate %v, want %v", name, got, tt.want)
+		}
+	}
+	if p.Create(event.CreateEvent{Object: m}) || p.Delete(event.DeleteEvent{Object: m}) {
+		t.Error("statusOnlyUpdate passes a create or a delete")
+	}
+	q := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[reconcile.Request]())
+	defer q.ShutDown()
+	delayedStatusUpdates().Update(context.Background(), event.UpdateEvent{ObjectOld: m, ObjectNew: statusOnly}, q)
+	if q.Len() != 0 {
+		t.Fatal("a status-only update was queued at once")
+	}
+	deadline := time.Now().Add(5 * ModuleStatusDelay)
+	for q.Len() == 0 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if q.Len() != 1 {
+		t.Fatalf("the delayed request was not queued within %v", 5*ModuleStatusDelay)
 	}
 }
