@@ -62,9 +62,10 @@ type NMCReconciler struct {
 	// (but for the pod expectations, which are per pod and locked).
 	MaxConcurrentReconciles int
 
-	expectOnce sync.Once
-	expect     *podExpectations
-	conflicts  conflictRetry
+	expectOnce    sync.Once
+	expect        *podExpectations
+	conflicts     conflictRetry
+	saPullSecrets saPullSecretsCache
 }
 
 // expected returns the reconciler's pod expectations, created on first use.
@@ -521,7 +522,7 @@ func ignoreGone(err error) error {
 }
 
 func (r *NMCReconciler) createWorker(ctx context.Context, node, key string, in *fsm.WorkerIntent) error {
-	saSecrets, err := serviceAccountPullSecrets(ctx, r.APIReader, in.Entry.Namespace, in.Entry.ServiceAccountName)
+	saSecrets, err := r.saPullSecrets.get(ctx, r.APIReader, r.Clock, in.Entry.Namespace, in.Entry.ServiceAccountName)
 	if err != nil {
 		return fmt.Errorf("reading the image pull secrets of the %s worker pod for %s on %s: %w", in.Action, key, node, err)
 	}
