@@ -51,6 +51,10 @@ type Options struct {
 	Manager string
 	// Nodes and Modules: N simulated nodes, M Modules selecting all of them.
 	Nodes, Modules int
+	// APIServers is the number of kube-apiserver instances: 2 or more run behind a balancer, and an
+	// apiserver-restart is a rolling restart of one while the others serve (TestChaos: 3); 0 or 1
+	// is envtest's single kube-apiserver, restarted in place (everything stalls meanwhile).
+	APIServers int
 	// Seed draws every fault point and proxy fault.
 	Seed uint64
 	// Duration is how long faults are injected (rounds of load, upgrade and deletion go on meanwhile).
@@ -84,8 +88,8 @@ type Options struct {
 // The partition, kube-apiserver and etcd loops wait their interval after the previous fault ended
 // (a partition lasts until the Lease moved; a restart until the process is ready again).
 var defaultIntervals = map[string]time.Duration{
-	FaultKill: 2 * time.Second, FaultPartition: 200 * time.Millisecond, FaultAPIServerRestart: 20 * time.Second,
-	FaultEtcdRestart: 1500 * time.Millisecond, FaultWatchCut: 500 * time.Millisecond,
+	FaultKill: 2 * time.Second, FaultPartition: time.Second, FaultAPIServerRestart: time.Second,
+	FaultEtcdRestart: 1200 * time.Millisecond, FaultWatchCut: 500 * time.Millisecond,
 }
 
 // harness is a running environment.
@@ -100,7 +104,9 @@ type harness struct {
 	watch    *watcher
 	replicas []*replica
 	plane    map[string]*restartable
-	planeMu  sync.Mutex // one control-plane restart at a time
+	apis     *apiservers
+	planeMu  sync.Mutex // one restart of a plane process at a time; guards downtime
+	restarts sync.WaitGroup
 	nodes    []string
 	rng      *rand.Rand
 	rngMu    sync.Mutex
@@ -111,6 +117,8 @@ type harness struct {
 	}
 	downtime map[string][]time.Duration
 	curPhase string
+	// phasesDone counts the phases completed under faults.
+	phasesDone map[string]int
 }
 
 func (h *harness) sayf(format string, args ...any) {
@@ -135,7 +143,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	defer cancel()
 	h := &harness{o: o, leases: newLeaseBook(), counts: newFaultCounts(), log: o.Log, plane: map[string]*restartable{},
 		rng:      rand.New(rand.NewPCG(o.Seed, 1)), //nolint:gosec // G404: seeded on purpose, for reproducible fault points
-		downtime: map[string][]time.Duration{}}
+		downtime: map[string][]time.Duration{}, phasesDone: map[string]int{}}
 	h.watch = newWatcher(h.leases)
 	cleanup, err := h.setUp(ctx)
 	defer cleanup()
@@ -152,6 +160,7 @@ func setDefaults(o *Options) {
 	if o.ConvergeTimeout == 0 {
 		o.ConvergeTimeout = 90 * time.Second
 	}
+	o.APIServers = max(o.APIServers, 1)
 	if o.Faults == nil {
 		o.Faults = FaultKinds
 	}
@@ -184,13 +193,26 @@ func (h *harness) setUp(ctx context.Context) (func(), error) {
 	}
 	h.env, h.cfg = env, env.Config
 	undo = append(undo, func() { _ = env.Stop() })
-	for _, name := range []string{"etcd", "kube-apiserver"} {
-		r, err := findChild(name, h.o.OutDir)
+	etcd, err := findChild("etcd", h.o.OutDir)
+	if err != nil {
+		return cleanup, err
+	}
+	h.plane["etcd"] = etcd
+	undo = append(undo, etcd.stop)
+	orig, err := findChild("kube-apiserver", h.o.OutDir)
+	if err != nil {
+		return cleanup, err
+	}
+	undo = append(undo, orig.stop)
+	if h.o.APIServers == 1 {
+		h.plane["kube-apiserver"] = orig
+	} else {
+		h.sayf("starting %d kube-apiserver instances behind a balancer on %s", h.o.APIServers, env.Config.Host)
+		h.apis, err = startAPIServers(ctx, orig, h.o.APIServers, h.o.OutDir, env.Config)
+		undo = append(undo, h.apis.stop)
 		if err != nil {
 			return cleanup, err
 		}
-		h.plane[name] = r
-		undo = append(undo, r.stop)
 	}
 	if err := env.StartKubeControllers(); err != nil {
 		return cleanup, err

@@ -22,13 +22,24 @@ const (
 var FaultKinds = []string{FaultKill, FaultPartition, FaultAPIServerRestart, FaultEtcdRestart, FaultWatchCut,
 	FaultThrottle, FaultServerError, FaultConflict, FaultDelay}
 
-// faultCounts counts the faults injected, by kind.
+// faultCounts counts the faults injected, by kind, and by the phase of the round they fell in.
 type faultCounts struct {
-	mu sync.Mutex
-	n  map[string]int
+	mu      sync.Mutex
+	n       map[string]int
+	phase   string
+	byPhase map[string]map[string]int
 }
 
-func newFaultCounts() *faultCounts { return &faultCounts{n: map[string]int{}} }
+func newFaultCounts() *faultCounts {
+	return &faultCounts{n: map[string]int{}, byPhase: map[string]map[string]int{}}
+}
+
+// setPhase names the phase the next faults fall in ("" between rounds).
+func (c *faultCounts) setPhase(p string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.phase = p
+}
 
 func (c *faultCounts) add(kind string) { c.addN(kind, 1) }
 
@@ -36,6 +47,27 @@ func (c *faultCounts) addN(kind string, n int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.n[kind] += n
+	p := c.phase
+	if p == "" {
+		p = "between rounds"
+	}
+	if c.byPhase[p] == nil {
+		c.byPhase[p] = map[string]int{}
+	}
+	c.byPhase[p][kind] += n
+}
+
+func (c *faultCounts) phases() map[string]map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[string]map[string]int, len(c.byPhase))
+	for p, m := range c.byPhase {
+		out[p] = make(map[string]int, len(m))
+		for k, v := range m {
+			out[p][k] = v
+		}
+	}
+	return out
 }
 
 func (c *faultCounts) snapshot() map[string]int {

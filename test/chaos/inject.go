@@ -28,8 +28,8 @@ func (h *harness) inject(ctx context.Context, wg *sync.WaitGroup) {
 	}
 	loops := map[string]func(context.Context){
 		FaultKill: h.killOne, FaultPartition: h.partitionLeader, FaultWatchCut: h.cutWatches,
-		FaultAPIServerRestart: func(ctx context.Context) { h.restart(ctx, "kube-apiserver", FaultAPIServerRestart) },
-		FaultEtcdRestart:      func(ctx context.Context) { h.restart(ctx, "etcd", FaultEtcdRestart) },
+		FaultAPIServerRestart: h.restartAPIServer,
+		FaultEtcdRestart:      h.restartEtcd,
 	}
 	for kind, f := range loops {
 		if !on(kind) {
@@ -50,11 +50,14 @@ func (h *harness) inject(ctx context.Context, wg *sync.WaitGroup) {
 	}
 }
 
-// killOne kills the leader (three times in four) or the other replica.
+// killOne kills the leader (one time in three) or the other replica.
 func (h *harness) killOne(context.Context) {
 	target := h.replicas[h.pick(len(h.replicas))]
-	if leader := h.leader(); leader != nil && h.pick(4) > 0 {
+	if leader := h.leader(); leader != nil {
 		target = leader
+		if h.pick(3) > 0 {
+			target = h.other(leader)
+		}
 	}
 	if target.kill() {
 		h.faulted(FaultKill)
@@ -72,24 +75,37 @@ func (h *harness) leader() *replica {
 	return nil
 }
 
-// partitionLeader stops the leader's traffic until another replica holds the Lease (or four lease
-// durations passed), then restores it.
+// other is a replica other than r.
+func (h *harness) other(r *replica) *replica {
+	for _, x := range h.replicas {
+		if x != r {
+			return x
+		}
+	}
+	return r
+}
+
+// partitionLeader stops the leader's traffic until it lost its Lease (it exits, as a manager
+// does when it cannot renew within the renew deadline) or another replica holds the Lease, then
+// restores it; it gives up after four lease durations.
 func (h *harness) partitionLeader(ctx context.Context) {
 	r := h.leader()
-	if r == nil {
-		return
+	if r == nil || h.leases.renewing(h.o.RenewDeadline) != r.name {
+		return // no replica is leading right now (the last one lost the Lease, the next has not taken it)
 	}
+	exits := r.exitsOnLostLease()
 	r.proxy.partition()
 	defer r.proxy.heal()
 	deadline := time.Now().Add(4 * h.o.LeaseDuration)
-	for h.leases.current() == r.name && time.Now().Before(deadline) {
+	lost := func() bool { return h.leases.current() != r.name || r.exitsOnLostLease() > exits }
+	for !lost() && time.Now().Before(deadline) {
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	if h.leases.current() != r.name {
+	if lost() {
 		h.faulted(FaultPartition)
 	}
 }
@@ -103,8 +119,13 @@ func (h *harness) cutWatches(context.Context) {
 	}
 }
 
-// restart kills a control-plane process and starts it again, one at a time.
-func (h *harness) restart(ctx context.Context, name, kind string) {
+// restartEtcd kills etcd and starts it again (same data directory and ports).
+func (h *harness) restartEtcd(ctx context.Context) {
+	h.restartPlane(ctx, "etcd", FaultEtcdRestart)
+}
+
+// restartPlane restarts etcd or the single kube-apiserver (without the balancer), one at a time.
+func (h *harness) restartPlane(ctx context.Context, name, kind string) {
 	h.planeMu.Lock()
 	defer h.planeMu.Unlock()
 	p := h.plane[name]
@@ -118,6 +139,32 @@ func (h *harness) restart(ctx context.Context, name, kind string) {
 	// Restarts are not cut short by the end of the fault phase: a process left down would be a
 	// fault of the harness.
 	d, err := p.restart(context.WithoutCancel(ctx), ready)
+	h.recordRestart(name, kind, d, err)
+}
+
+// restartAPIServer starts the rolling restart of one kube-apiserver instance, in the background,
+// when another one is left serving: restarts of different instances overlap.
+func (h *harness) restartAPIServer(ctx context.Context) {
+	if h.apis == nil {
+		h.restartPlane(ctx, "kube-apiserver", FaultAPIServerRestart)
+		return
+	}
+	i := h.apis.claim(h.pick)
+	if i < 0 {
+		return
+	}
+	h.restarts.Add(1)
+	go func() {
+		defer h.restarts.Done()
+		d, err := h.apis.restart(context.WithoutCancel(ctx), i)
+		h.planeMu.Lock()
+		defer h.planeMu.Unlock()
+		h.recordRestart("kube-apiserver", FaultAPIServerRestart, d, err)
+	}()
+}
+
+// recordRestart records a restart's downtime and counts it (h.planeMu held).
+func (h *harness) recordRestart(name, kind string, d time.Duration, err error) {
 	if err != nil {
 		h.sayf("restarting %s: %v", name, err)
 		return
@@ -144,6 +191,7 @@ func (h *harness) setPhase(p string) {
 	h.rngMu.Lock()
 	defer h.rngMu.Unlock()
 	h.curPhase = p
+	h.counts.setPhase(p)
 	h.watch.setDrainCheck(p == PhaseUpgrade)
 }
 

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -24,6 +26,7 @@ type restartable struct {
 	pid  int
 	args []string
 	dir  string
+	env  []string  // set on top of the test process's environment
 	cmd  *exec.Cmd // nil while the process is envtest's own child
 	done chan struct{}
 	log  *os.File
@@ -81,6 +84,7 @@ func (r *restartable) kill() error {
 func (r *restartable) start() error {
 	cmd := exec.Command(r.args[0], r.args[1:]...) //nolint:gosec // G204: the command line envtest ran
 	cmd.Dir, cmd.Stdout, cmd.Stderr = r.dir, r.log, r.log
+	cmd.Env = append(os.Environ(), r.env...)
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("starting %s again: %w", r.name, err)
 	}
@@ -197,4 +201,126 @@ func etcdReady(r *restartable) func(context.Context) error {
 		}
 		return nil
 	}
+}
+
+// apiservers are the kube-apiserver instances of the highly available control plane, all on the
+// same etcd and behind the balancer, which took over the address envtest's kube-apiserver had (so
+// every client, kube-controller-manager and kube-scheduler included, goes through it).
+type apiservers struct {
+	insts []*restartable
+	ready []func(context.Context) error
+	lb    *balancer
+
+	mu         sync.Mutex
+	restarting map[int]bool
+}
+
+// startAPIServers starts n instances with orig's command line, each on its own port, waits until
+// they are ready, kills orig (envtest's own) and puts the balancer on its address.
+func startAPIServers(ctx context.Context, orig *restartable, n int, logDir string, cfg *rest.Config) (*apiservers, error) {
+	a := &apiservers{restarting: map[int]bool{}}
+	var addrs []string
+	for i := range n {
+		port, err := freePort()
+		if err != nil {
+			return a, err
+		}
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
+		log, err := os.Create(filepath.Join(logDir, fmt.Sprintf("kube-apiserver-%d.log", i)))
+		if err != nil {
+			return a, err
+		}
+		r := &restartable{name: fmt.Sprintf("kube-apiserver-%d", i), args: withArg(orig.args, "secure-port", fmt.Sprint(port)), dir: orig.dir, log: log,
+			// kube-apiserver's start is mostly garbage (its OpenAPI document): 400 % costs a quarter
+			// less CPU per restart here (2.4 against 3.1 CPU-seconds).
+			env: []string{"GOGC=400"}}
+		ready, err := readyAt(cfg, addr)
+		if err != nil {
+			return a, err
+		}
+		if err := r.start(); err != nil {
+			return a, err
+		}
+		a.insts, a.ready, addrs = append(a.insts, r), append(a.ready, ready), append(addrs, addr)
+	}
+	for i, r := range a.insts {
+		if !r.waitReady(ctx, a.ready[i]) {
+			return a, fmt.Errorf("%s did not become ready: see %s", r.name, r.log.Name())
+		}
+	}
+	if err := orig.kill(); err != nil {
+		return a, err
+	}
+	lb, err := newBalancer("127.0.0.1:"+orig.argValue("secure-port"), addrs, cfg)
+	a.lb = lb
+	return a, err
+}
+
+// stop stops the balancer and the instances.
+func (a *apiservers) stop() {
+	if a.lb != nil {
+		a.lb.close()
+	}
+	for _, r := range a.insts {
+		r.stop()
+	}
+}
+
+// claim picks an instance to restart, leaving at least one serving; -1 when none may go down now.
+func (a *apiservers) claim(pick func(int) int) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var free []int
+	for i := range a.insts {
+		if !a.restarting[i] {
+			free = append(free, i)
+		}
+	}
+	if len(free) <= 1 {
+		return -1
+	}
+	i := free[pick(len(free))]
+	a.restarting[i] = true
+	return i
+}
+
+// restart is a rolling restart of instance i: out of the balancer, SIGKILL, started again with
+// the same command line, back in once it answers /readyz.
+func (a *apiservers) restart(ctx context.Context, i int) (time.Duration, error) {
+	defer func() {
+		a.mu.Lock()
+		delete(a.restarting, i)
+		a.mu.Unlock()
+	}()
+	a.lb.setUp(i, false)
+	d, err := a.insts[i].restart(ctx, a.ready[i])
+	if err == nil {
+		a.lb.setUp(i, true)
+	}
+	return d, err
+}
+
+// withArg is args with --flag=value (replacing the flag's value when present).
+func withArg(args []string, flag, value string) []string {
+	out := make([]string, 0, len(args)+1)
+	found := false
+	for _, x := range args {
+		if strings.HasPrefix(x, "--"+flag+"=") {
+			x, found = "--"+flag+"="+value, true
+		}
+		out = append(out, x)
+	}
+	if !found {
+		out = append(out, "--"+flag+"="+value)
+	}
+	return out
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = l.Close() }()
+	return l.Addr().(*net.TCPAddr).Port, nil
 }

@@ -288,6 +288,7 @@ type leaseBook struct {
 	mu       sync.Mutex
 	identity map[string]string // replica → its leader election identity
 	holder   string            // replica
+	at       time.Time         // the holder's last Lease write
 }
 
 func newLeaseBook() *leaseBook { return &leaseBook{identity: map[string]string{}} }
@@ -303,7 +304,17 @@ func (b *leaseBook) wrote(replica, holder string) {
 		return
 	}
 	b.identity[replica] = holder
-	b.holder = replica
+	b.holder, b.at = replica, time.Now()
+}
+
+// renewing is the replica holding the Lease if its last Lease write is younger than maxAge ("" if not).
+func (b *leaseBook) renewing(maxAge time.Duration) string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if time.Since(b.at) >= maxAge {
+		return ""
+	}
+	return b.holder
 }
 
 // current is the replica holding the Lease ("" when none).

@@ -24,11 +24,15 @@ type replica struct {
 	kubeconfig string
 	logPath    string
 
-	mu      sync.Mutex
-	cmd     *exec.Cmd
-	starts  int
-	stopped bool
-	done    chan struct{}
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	starts int
+	// lostExits counts the exits the injector did not cause (a replica exits when it loses its Lease);
+	// killing is set between a kill and the exit it causes.
+	lostExits int
+	killing   bool
+	stopped   bool
+	done      chan struct{}
 }
 
 // newReplica writes the replica's kubeconfig (its proxy, no credentials: the proxy authenticates).
@@ -77,6 +81,12 @@ func (r *replica) run() {
 			r.mu.Unlock()
 			err := cmd.Wait()
 			_, _ = fmt.Fprintf(log, "=== chaos: replica %s exited: %v\n", r.name, err)
+			r.mu.Lock()
+			if !r.killing {
+				r.lostExits++
+			}
+			r.killing = false
+			r.mu.Unlock()
 			time.Sleep(50 * time.Millisecond)
 		}
 	}()
@@ -89,7 +99,15 @@ func (r *replica) kill() bool {
 	if r.cmd == nil || r.cmd.Process == nil || r.cmd.ProcessState != nil {
 		return false
 	}
-	return r.cmd.Process.Signal(syscall.SIGKILL) == nil
+	r.killing = r.cmd.Process.Signal(syscall.SIGKILL) == nil
+	return r.killing
+}
+
+// exitsOnLostLease is how many times the process exited without being killed.
+func (r *replica) exitsOnLostLease() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lostExits
 }
 
 // stop ends the supervisor and the process.

@@ -13,10 +13,16 @@ type Report struct {
 	Modules int      `json:"modules"`
 	Pairs   int      `json:"pairs"`
 	Bugs    []string `json:"bugs,omitempty"`
-	// Rounds are the full rounds (load, upgrade, deletion) done under faults.
-	Rounds int `json:"rounds"`
+	// APIServers are the kube-apiserver instances behind the balancer.
+	APIServers int `json:"apiServers"`
+	// Rounds are the full rounds (load, upgrade, deletion) done under faults; PhasesUnderFaults
+	// the phases that completed under faults, by phase.
+	Rounds            int            `json:"rounds"`
+	PhasesUnderFaults map[string]int `json:"phasesUnderFaults"`
 	// Faults are the faults injected, by kind (FaultKinds).
 	Faults map[string]int `json:"faults"`
+	// FaultsByPhase are the faults by the phase of the round they fell in, then by kind.
+	FaultsByPhase map[string]map[string]int `json:"faultsByPhase"`
 	// Checks are the invariant checks made, by invariant; Events the watch events seen.
 	Checks map[string]int `json:"checks"`
 	Events int            `json:"events"`
@@ -42,9 +48,20 @@ func (r *Report) Print(w io.Writer) {
 	p := func(format string, args ...any) { _, _ = fmt.Fprintf(w, format+"\n", args...) }
 	p("chaos report: seed %d, %d nodes x %d Modules (%d pairs), %d rounds under faults%s", r.Seed, r.Nodes, r.Modules, r.Pairs, r.Rounds,
 		map[bool]string{true: ", seeded bugs " + strings.Join(r.Bugs, ","), false: ""}[len(r.Bugs) > 0])
-	p("faults injected:")
+	p("%d kube-apiserver instances behind a balancer; phases completed under faults: load %d, upgrade %d, delete %d",
+		r.APIServers, r.PhasesUnderFaults[PhaseLoad], r.PhasesUnderFaults[PhaseUpgrade], r.PhasesUnderFaults[PhaseDelete])
+	phases := sortedKeys(r.FaultsByPhase)
+	head := fmt.Sprintf("  %-18s %6s", "faults injected", "total")
+	for _, ph := range phases {
+		head += fmt.Sprintf(" %9.9s", ph)
+	}
+	p("%s", head)
 	for _, k := range FaultKinds {
-		p("  %-18s %6d", k, r.Faults[k])
+		line := fmt.Sprintf("  %-18s %6d", k, r.Faults[k])
+		for _, ph := range phases {
+			line += fmt.Sprintf(" %9d", r.FaultsByPhase[ph][k])
+		}
+		p("%s", line)
 	}
 	for _, name := range sortedKeys(r.Downtime) {
 		d := r.Downtime[name]

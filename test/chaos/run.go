@@ -54,6 +54,7 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 	}
 	stopFaults()
 	wg.Wait()
+	h.restarts.Wait()
 	h.quiet()
 	last := h.lastFault()
 	h.sayf("faults stopped after %d full rounds; converging", rounds)
@@ -74,6 +75,9 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 	rep.Rounds = rounds
 	rep.FaultWrites = h.perPair(writes, max(rounds, 1))
 	rep.Faults = h.counts.snapshot()
+	rep.FaultsByPhase = h.counts.phases()
+	rep.PhasesUnderFaults = h.phasesDone
+	rep.APIServers = h.o.APIServers
 	rep.Checks, rep.Violations, rep.Events = h.watch.result()
 	rep.Downtime = h.downtimes()
 	rep.ReplicaStarts = map[string]int{}
@@ -108,6 +112,9 @@ func (h *harness) round(ctx context.Context, rounds *int) (map[string]int, float
 		h.setPhase(p)
 		if err := h.phase(ctx, p); err != nil {
 			return h.takeWrites(), 0, err
+		}
+		if rounds != nil {
+			h.phasesDone[p]++
 		}
 	}
 	h.setPhase("")
