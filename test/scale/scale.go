@@ -201,6 +201,10 @@ func (h *harness) setUp(ctx context.Context) (func(), error) {
 	// The harness's and the agent's clients: unthrottled, and counted.
 	cfg := rest.CopyConfig(env.Config)
 	cfg.QPS, cfg.Burst = -1, 0
+	// No gzip on their watches (issue 22): kube-apiserver compressed every watch event it sent them
+	// (compress/flate under handleWatch, 2.3 % of its CPU in a 1,000 x 1 load with the operator's
+	// watches), work that is the harness's, not the operator's, on the same loopback and cores.
+	cfg.DisableCompression = true
 	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { h.count.next = rt; return h.count })
 	if err := h.startCache(ctx, cfg); err != nil {
 		return cleanup, err
