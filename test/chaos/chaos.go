@@ -23,6 +23,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -31,6 +32,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	crdenvtest "sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/kmm-project/kmm/cmd/manager/app"
 	"github.com/kmm-project/kmm/test/agent"
@@ -105,6 +107,7 @@ type harness struct {
 	replicas []*replica
 	plane    map[string]*restartable
 	apis     *apiservers
+	etcds    *etcdCluster // with apis
 	planeMu  sync.Mutex // one restart of a plane process at a time; guards downtime
 	restarts sync.WaitGroup
 	nodes    []string
@@ -187,6 +190,10 @@ func (h *harness) setUp(ctx context.Context) (func(), error) {
 		}
 	}
 	h.sayf("starting etcd, kube-apiserver, kube-controller-manager and kube-scheduler")
+	root, err := envtest.RepoRoot()
+	if err != nil {
+		return cleanup, err
+	}
 	env, err := envtest.StartWith(envtest.Options{NoWebhook: true})
 	if err != nil {
 		return cleanup, err
@@ -207,10 +214,20 @@ func (h *harness) setUp(ctx context.Context) (func(), error) {
 	if h.o.APIServers == 1 {
 		h.plane["kube-apiserver"] = orig
 	} else {
-		h.sayf("starting %d kube-apiserver instances behind a balancer on %s", h.o.APIServers, env.Config.Host)
-		h.apis, err = startAPIServers(ctx, orig, h.o.APIServers, h.o.OutDir, env.Config)
+		h.sayf("starting a 3-member etcd and %d kube-apiserver instances behind a balancer on %s", h.o.APIServers, env.Config.Host)
+		h.etcds, err = startEtcdCluster(ctx, etcd, 3, h.o.OutDir)
+		undo = append(undo, h.etcds.stop)
+		if err != nil {
+			return cleanup, err
+		}
+		h.apis, err = startAPIServers(ctx, orig, h.o.APIServers, strings.Join(h.etcds.urls, ","), h.o.OutDir, env.Config)
 		undo = append(undo, h.apis.stop)
 		if err != nil {
+			return cleanup, err
+		}
+		// The new etcd holds none of what envtest installed.
+		if _, err := crdenvtest.InstallCRDs(env.Config, crdenvtest.CRDInstallOptions{Paths: []string{filepath.Join(root, "config", "crd", "bases")},
+			ErrorIfPathMissing: true}); err != nil {
 			return cleanup, err
 		}
 	}

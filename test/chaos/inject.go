@@ -121,7 +121,17 @@ func (h *harness) cutWatches(context.Context) {
 
 // restartEtcd kills etcd and starts it again (same data directory and ports).
 func (h *harness) restartEtcd(ctx context.Context) {
-	h.restartPlane(ctx, "etcd", FaultEtcdRestart)
+	if h.etcds == nil {
+		h.restartPlane(ctx, "etcd", FaultEtcdRestart)
+		return
+	}
+	// One member at a time: the other two keep the quorum (a restart of the raft leader is an
+	// election).
+	h.planeMu.Lock()
+	defer h.planeMu.Unlock()
+	m := h.etcds.members[h.pick(len(h.etcds.members))]
+	d, err := m.restart(context.WithoutCancel(ctx), etcdReady(m))
+	h.recordRestart("etcd", FaultEtcdRestart, d, err)
 }
 
 // restartPlane restarts etcd or the single kube-apiserver (without the balancer), one at a time.

@@ -110,6 +110,22 @@ func isWatch(r *http.Request) bool {
 
 func isLease(r *http.Request) bool { return strings.Contains(r.URL.Path, "/leases") }
 
+// isDiscovery says whether r asks for the API's discovery documents (/api, /apis/<group>/<version>,
+// /version, /openapi): the manager reads them once at start and exits when that fails, so a fault
+// there is one more restart, not a fault the operator's reconciles meet (docs/reliability.md).
+func isDiscovery(r *http.Request) bool {
+	parts := strings.Split(strings.Trim(r.URL.Path, "/"), "/")
+	switch parts[0] {
+	case "api":
+		return len(parts) <= 2
+	case "apis":
+		return len(parts) <= 3
+	case "version", "openapi":
+		return true
+	}
+	return false
+}
+
 func isWriteMethod(m string) bool {
 	return m == http.MethodPost || m == http.MethodPut || m == http.MethodPatch || m == http.MethodDelete
 }
@@ -153,7 +169,7 @@ func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // pickFault draws the fault of one request (p.mu held): an HTTP status to answer with, or a delay.
 func (p *proxy) pickFault(r *http.Request) (int, time.Duration) {
-	if isLease(r) || isWatch(r) {
+	if isLease(r) || isWatch(r) || isDiscovery(r) {
 		return 0, 0
 	}
 	f := p.faults
