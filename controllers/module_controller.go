@@ -76,7 +76,7 @@ func (r *ModuleReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		For(&kmmv1beta1.Module{}, builder.WithPredicates(predicate.Not(statusOnlyUpdate()))).
 		Watches(&kmmv1beta1.Module{}, delayedStatusUpdates(), builder.WithPredicates(statusOnlyUpdate())).
 		Owns(&appsv1.DaemonSet{}).
-		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.modulesForNode), builder.WithPredicates(nodeLabelsOrKernelChanged())).
+		Watches(&corev1.Node{}, r.nodeEvents(), builder.WithPredicates(nodeLabelsOrKernelChanged())).
 		Watches(&kmmv1beta1.NodeModulesConfig{}, nmcEvents()).
 		WithOptions(controller.Options{RateLimiter: retry.Limiter()}).
 		Complete(r)
@@ -149,18 +149,88 @@ func nodeLabelsOrKernelChanged() predicate.Predicate {
 	}}
 }
 
-func (r *ModuleReconciler) modulesForNode(ctx context.Context, o client.Object) []ctrl.Request {
-	modules := &kmmv1beta1.ModuleList{}
-	if err := r.Client.List(ctx, modules); err != nil {
-		return nil
+// nodeEvents enqueues the Modules a Node event concerns: for a new or deleted Node, every Module
+// selecting it (and every Module being deleted); for an update, only those nodeChangeRequests
+// names.
+func (r *ModuleReconciler) nodeEvents() handler.Funcs {
+	add := func(q workqueue.TypedRateLimitingInterface[reconcile.Request], reqs []ctrl.Request) {
+		for _, req := range reqs {
+			q.Add(req)
+		}
 	}
+	whole := func(ctx context.Context, o client.Object, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+		if modules, ok := r.modules(ctx); ok {
+			add(q, nodeChangeRequests(modules, nil, o.GetLabels(), true))
+		}
+	}
+	return handler.Funcs{
+		CreateFunc: func(ctx context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			whole(ctx, e.Object, q)
+		},
+		DeleteFunc: func(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			whole(ctx, e.Object, q)
+		},
+		GenericFunc: func(ctx context.Context, e event.GenericEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			whole(ctx, e.Object, q)
+		},
+		UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			modules, ok := r.modules(ctx)
+			if !ok {
+				return
+			}
+			o, n := e.ObjectOld.(*corev1.Node), e.ObjectNew.(*corev1.Node)
+			add(q, nodeChangeRequests(modules, o.Labels, n.Labels, o.Status.NodeInfo.KernelVersion != n.Status.NodeInfo.KernelVersion))
+		},
+	}
+}
+
+// modules lists the cached Modules (their objects, not copies: only read).
+func (r *ModuleReconciler) modules(ctx context.Context) ([]kmmv1beta1.Module, bool) {
+	modules := &kmmv1beta1.ModuleList{}
+	if err := r.Client.List(ctx, modules, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, false
+	}
+	return modules.Items, true
+}
+
+// nodeChangeRequests are the Modules a change of a Node's labels (from old to next; old nil for a
+// new or deleted Node, which concerns every Module selecting it) or of its kernel concerns: every
+// Module being deleted, every Module the change selects or deselects, and every Module selecting
+// the node when its kernel or a label changed — but for the ready labels of kmm's pairs, which the
+// NMC controller sets as pairs load and unload and no Module decision reads but through a
+// selector (issue 22: each of them queued the Module again, 1,000 times in a 1,000-node load, and
+// its reconcile reads every node and NMC).
+func nodeChangeRequests(modules []kmmv1beta1.Module, old, next map[string]string, kernelChanged bool) []ctrl.Request {
+	ready := make(map[string]bool, len(modules))
+	for i := range modules {
+		ready[kmmv1beta1.ReadyLabel(modules[i].Namespace, modules[i].Name)] = true
+	}
+	changed := old == nil || kernelChanged || labelsChangedBeyond(old, next, ready)
 	var out []ctrl.Request
-	for _, m := range modules.Items {
-		if labels.SelectorFromSet(m.Spec.Selector).Matches(labels.Set(o.GetLabels())) || !m.DeletionTimestamp.IsZero() {
+	for i := range modules {
+		m := &modules[i]
+		sel := labels.SelectorFromSet(m.Spec.Selector)
+		selects := sel.Matches(labels.Set(next))
+		if !m.DeletionTimestamp.IsZero() || (selects && changed) || (old != nil && selects != sel.Matches(labels.Set(old))) {
 			out = append(out, ctrl.Request{NamespacedName: types.NamespacedName{Namespace: m.Namespace, Name: m.Name}})
 		}
 	}
 	return out
+}
+
+// labelsChangedBeyond says whether a label other than those of ignore was added, removed or changed.
+func labelsChangedBeyond(old, next map[string]string, ignore map[string]bool) bool {
+	for k, v := range next {
+		if w, ok := old[k]; (!ok || w != v) && !ignore[k] {
+			return true
+		}
+	}
+	for k := range old {
+		if _, ok := next[k]; !ok && !ignore[k] {
+			return true
+		}
+	}
+	return false
 }
 
 func modulesInNMC(_ context.Context, o client.Object) []ctrl.Request {

@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"maps"
+	"slices"
 	"testing"
 	"time"
 
@@ -95,5 +97,55 @@ func TestModuleStatusCountsFromDecisions(t *testing.T) {
 	}
 	if ready := meta.FindStatusCondition(st.Conditions, kmmv1beta1.ConditionReady); ready == nil || ready.Status != metav1.ConditionTrue || ready.ObservedGeneration != 2 {
 		t.Fatalf("Ready = %+v once loaded", ready)
+	}
+}
+
+// TestNodeChangeRequests: which Modules a Node event queues. The ready label the NMC controller sets
+// as a pair loads queues none (it did before issue 22: every selecting Module, for every pair), but
+// a Module whose selector names it.
+func TestNodeChangeRequests(t *testing.T) {
+	module := func(name string, sel map[string]string, deleting bool) kmmv1beta1.Module {
+		m := kmmv1beta1.Module{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name}, Spec: kmmv1beta1.ModuleSpec{Selector: sel}}
+		if deleting {
+			m.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+		}
+		return m
+	}
+	nicReady := kmmv1beta1.ReadyLabel("ns", "nic")
+	modules := []kmmv1beta1.Module{
+		module("nic", map[string]string{"gpu": "yes"}, false),
+		module("after-nic", map[string]string{nicReady: ""}, false),
+		module("other", map[string]string{"role": "storage"}, false),
+		module("gone", map[string]string{"role": "storage"}, true),
+	}
+	base := map[string]string{"gpu": "yes"}
+	with := func(k, v string) map[string]string {
+		l := maps.Clone(base)
+		l[k] = v
+		return l
+	}
+	tests := []struct {
+		name      string
+		old, next map[string]string
+		kernel    bool
+		want      []string
+	}{
+		{"a new node", nil, base, false, []string{"nic", "gone"}},
+		{"nic's ready label set: only the Module selecting on it", base, with(nicReady, ""), false, []string{"after-nic", "gone"}},
+		{"a user label changed", base, with("zone", "b"), false, []string{"nic", "gone"}},
+		{"the kernel changed", base, base, true, []string{"nic", "gone"}},
+		{"deselected", base, map[string]string{}, false, []string{"nic", "gone"}},
+		{"a version label changed", base, with(kmmv1beta1.WorkerPodVersionLabel("ns", "nic"), "v2"), false, []string{"nic", "gone"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var got []string
+			for _, r := range nodeChangeRequests(modules, tt.old, tt.next, tt.kernel) {
+				got = append(got, r.Name)
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("queued %v, want %v", got, tt.want)
+			}
+		})
 	}
 }
