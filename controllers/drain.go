@@ -128,10 +128,10 @@ func protected(p *corev1.Pod, pdbs []policyv1.PodDisruptionBudget) bool {
 // escalation per pod), uncordon, and the drain-timeout gauge.
 func (r *NMCReconciler) executeDrain(ctx context.Context, f *nodeFacts, key string, p fsm.Plan) error {
 	if p.Uncordon {
-		if forgetsCordon(f.node.Name) {
+		if forgetsCordon(f.node.Name) || cordonDisowned(f.node.Name) {
 			return nil
 		}
-		return r.setUnschedulable(ctx, f, false)
+		return uncordoned(f.node.Name, r.setUnschedulable(ctx, f, false))
 	}
 	d := p.Drain
 	if d == nil {

@@ -18,7 +18,27 @@ const (
 	// API server: 429, 500, a restarting kube-apiserver or etcd) is taken as "no pods left", so the
 	// module is unloaded under workload pods that still run.
 	ErrorAsNoPods = "error-as-no-pods"
+	// SlowCreateRenamed: a worker pod create not answered within a second is taken as lost and made
+	// again at once under a fresh name (the first name may be held by the create in flight): a slow
+	// API server that did create the first pod ends with two worker pods for the pair.
+	SlowCreateRenamed = "slow-create-renamed"
+	// TombstoneIgnored: the NMC controller waits for the delete event of each worker pod it deleted
+	// before it creates the pair's next one (deletion expectations), and its handler ignores a
+	// deletion seen only as a tombstone (cache.DeletedFinalStateUnknown, what a relist after a cut
+	// watch delivers): the expectation is never met and the pair gets no pod again.
+	TombstoneIgnored = "tombstone-ignored"
+	// ConflictDisownsCordon: a conflict (409) on kmm's uncordon is read as somebody else having
+	// changed the node meanwhile, so kmm leaves the cordon to them and never lifts it.
+	ConflictDisownsCordon = "conflict-disowns-cordon"
+	// ThrottleSkipsDPCheck: the NMC controller reads the node's device plugin pods live (not to wait
+	// on its cache); a read throttled with 429 skips the check, as if no device plugin pod ran, so a
+	// module is unloaded under its device plugin.
+	ThrottleSkipsDPCheck = "throttle-skips-dp-check"
+	// StallAsNoDevicePlugin: the same live read of the device plugin pods is given 300 ms; a read
+	// that runs out of them (kube-apiserver waiting for a restarting etcd) is taken as "none".
+	StallAsNoDevicePlugin = "stall-as-no-device-plugin"
 )
 
 // Bugs are all the seeded bugs.
-var Bugs = []string{ForgetCordon, KeepLeading, ErrorAsNoPods}
+var Bugs = []string{ForgetCordon, KeepLeading, ErrorAsNoPods, SlowCreateRenamed, TombstoneIgnored, ConflictDisownsCordon,
+	ThrottleSkipsDPCheck, StallAsNoDevicePlugin}

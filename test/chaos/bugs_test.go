@@ -4,6 +4,7 @@ package chaos_test
 
 import (
 	"context"
+	"flag"
 	"strings"
 	"testing"
 	"time"
@@ -12,42 +13,88 @@ import (
 	"github.com/kmm-project/kmm/test/chaos"
 )
 
-// seededBug is one seeded bug, the faults that expose it, and the invariant whose violation
-// proves the watcher caught it.
+// noFaults runs the seeded bugs without their faults: the control that shows the fault is what
+// exposes each (go test -tags chaos ./test/chaos -run TestSeededBugs -chaos.bugs-unfaulted).
+var noFaults = flag.Bool("chaos.bugs-unfaulted", false, "run the seeded bugs without their faults (the control: none may be caught)")
+
+// seededBug is one seeded bug, the fault aimed at the moment that exposes it, and the invariant
+// whose violation proves the watcher caught it.
 type seededBug struct {
-	bug       string
-	faults    []string
-	intervals map[string]time.Duration
-	proxy     chaos.ProxyFaults
-	duration  time.Duration
+	bug string
+	aim chaos.Aim
+	// duration is the fault phase; a bug caught as a stall is reported at its end plus the
+	// convergence bound.
+	duration time.Duration
+	// longLease runs the replicas with 6 s / 4 s / 0.5 s leases, so that a control-plane outage
+	// does not cost the leader its Lease unless the bug needs it to.
+	longLease bool
 	// caught is a piece of the violation text that must appear.
 	caught string
 }
 
+const (
+	workerPods      = "/namespaces/" + chaos.Namespace + "/pods"
+	nodesPath       = "/api/v1/nodes/"
+	nmcs            = "/nodemodulesconfigs/"
+	workloadQuery   = "kmm-chaos%2Fuses"
+	devicePluginSel = "kmm.sigs.x-k8s.io%2Fdevice-plugin"
+)
+
 var seededBugs = []seededBug{
 	{
-		// A kill between kmm's cordon and its uncordon: the next process does not lift it, the
+		// The leader is killed right after kmm's cordon: the next process does not lift it and the
 		// rollout (maxUnavailable 1) stalls behind the cordoned node.
-		bug: chaosbug.ForgetCordon, faults: []string{chaos.FaultKill},
-		intervals: map[string]time.Duration{chaos.FaultKill: 700 * time.Millisecond}, duration: 40 * time.Second,
-		caught: "cordoned",
+		bug: chaosbug.ForgetCordon, aim: chaos.Aim{Kind: chaos.FaultKill, Phase: chaos.PhaseUpgrade, Method: "PATCH", Path: nodesPath, Body: `"unschedulable":true`},
+		duration: 30 * time.Second, caught: "cordoned",
 	},
 	{
-		// The partitioned leader keeps leading once the partition ends.
-		bug: chaosbug.KeepLeading, faults: []string{chaos.FaultPartition}, duration: 90 * time.Second,
-		caught: "held the Lease",
+		// The leader is partitioned as the upgrade starts; once it lost the Lease it keeps leading.
+		bug: chaosbug.KeepLeading, aim: chaos.Aim{Kind: chaos.FaultPartition, Phase: chaos.PhaseUpgrade, Method: "PUT", Path: nmcs},
+		duration: 40 * time.Second, caught: "held the Lease",
 	},
 	{
-		// A 500 on the drain's pod list taken as "no pods": the unload runs under the workload.
-		bug: chaosbug.ErrorAsNoPods, faults: []string{chaos.FaultServerError},
-		proxy: chaos.ProxyFaults{ServerError: 0.2}, duration: 90 * time.Second,
-		caught: "workload pod using it",
+		// Every list of the drain's pods fails with 500 for 20 s: taken as "no pods", the drain
+		// evicts nothing and the unload runs under the workload once the device plugin left.
+		bug: chaosbug.ErrorAsNoPods, aim: chaos.Aim{Kind: chaos.FaultServerError, Phase: chaos.PhaseUpgrade, Method: "GET", Path: "/pods", Query: workloadQuery, For: 20 * time.Second},
+		duration: 40 * time.Second, caught: "workload pod using it",
+	},
+	{
+		// The first load pod's create is answered 3 s late: retried under a fresh name, two pods.
+		bug: chaosbug.SlowCreateRenamed, aim: chaos.Aim{Kind: chaos.FaultDelay, Phase: chaos.PhaseLoad, Method: "POST", Path: workerPods, Body: "kmm-worker-", Hold: 3 * time.Second},
+		duration: 30 * time.Second, caught: "2 worker pods",
+	},
+	{
+		// The leader's watches are cut as it deletes its first finished load pod, and its pod
+		// watches answered 410 for 2 s: the relist shows the deletion as a tombstone, the bug
+		// ignores it, and the pair never gets its unload pod in the upgrade.
+		bug: chaosbug.TombstoneIgnored, aim: chaos.Aim{Kind: chaos.FaultWatchCut, Phase: chaos.PhaseLoad, Method: "DELETE", Path: "/pods/kmm-worker-", Hold: 2 * time.Second},
+		duration: 30 * time.Second, caught: "not converged",
+	},
+	{
+		// kmm's first uncordon meets a 409: the bug leaves the cordon to "whoever changed the node".
+		bug: chaosbug.ConflictDisownsCordon, aim: chaos.Aim{Kind: chaos.FaultConflict, Phase: chaos.PhaseUpgrade, Method: "PATCH", Path: nodesPath, Body: `"unschedulable":false`},
+		duration: 30 * time.Second, caught: "cordoned",
+	},
+	{
+		// The live reads of the device plugin pods are throttled for 5 s as the Module is deleted:
+		// the check is skipped, the unload pod comes while the device plugin pod runs.
+		bug: chaosbug.ThrottleSkipsDPCheck, aim: chaos.Aim{Kind: chaos.FaultThrottle, Phase: chaos.PhaseDelete, Method: "GET", Path: "/pods", Query: devicePluginSel, For: 5 * time.Second},
+		duration: 40 * time.Second, caught: "device plugin pod is there",
+	},
+	{
+		// etcd dies once the Module controller's first removal of a spec entry (the Module's
+		// deletion) is answered: the NMC controller's live read of the device plugin pods waits for
+		// etcd past its 300 ms, is taken as "none", and the unload pod comes while the device
+		// plugin pod runs. Long leases: the outage must not cost the leader its Lease.
+		bug: chaosbug.StallAsNoDevicePlugin, aim: chaos.Aim{Kind: chaos.FaultEtcdRestart, Phase: chaos.PhaseDelete, Method: "PATCH", Path: nmcs + "node-"},
+		duration: 40 * time.Second, longLease: true, caught: "device plugin pod is there",
 	},
 }
 
 // TestSeededBugs runs, for each seeded bug of internal/chaosbug, a manager built with it under the
-// fault kind that exposes it, and checks that the watcher reports the violation it causes (the
-// default run, TestChaos, is the same harness without the bugs: no violation).
+// one fault that exposes it, aimed at the moment it matters (chaos.Aim), and checks that the
+// watcher reports the violation it causes. With -chaos.bugs-unfaulted it runs them without the
+// faults and checks that none is caught.
 func TestSeededBugs(t *testing.T) {
 	bin := buildManager(t, "chaosbugs")
 	for _, sb := range seededBugs {
@@ -55,21 +102,38 @@ func TestSeededBugs(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), sb.duration+3*time.Minute)
 			defer cancel()
 			dir := out(t)
-			rep, err := chaos.Run(ctx, chaos.Options{Manager: bin, Nodes: 3, Modules: 1, Seed: *seed, Duration: sb.duration,
-				Faults: sb.faults, Intervals: sb.intervals, Proxy: sb.proxy, Bugs: []string{sb.bug}, StopOnViolation: true,
-				ConvergeTimeout: 20 * time.Second, OutDir: dir, Log: testWriter{t}})
+			o := chaos.Options{Manager: bin, Nodes: 3, Modules: 1, Seed: *seed, Duration: sb.duration,
+				Faults: []string{}, Aims: []chaos.Aim{sb.aim}, Bugs: []string{sb.bug}, StopOnViolation: true,
+				ConvergeTimeout: 15 * time.Second, OutDir: dir, Log: testWriter{t}}
+			if *noFaults {
+				o.Aims = nil
+			}
+			if sb.longLease {
+				o.LeaseDuration, o.RenewDeadline, o.RetryPeriod = 6*time.Second, 4*time.Second, 500*time.Millisecond
+			}
+			t0 := time.Now()
+			rep, err := chaos.Run(ctx, o)
 			if rep == nil {
 				t.Fatalf("no report: %v", err)
 			}
 			var b strings.Builder
 			rep.Print(&b)
 			t.Log("\n" + b.String())
+			caught := false
 			for _, v := range rep.Violations {
-				if strings.Contains(v, sb.caught) {
-					return
-				}
+				caught = caught || strings.Contains(v, sb.caught)
 			}
-			t.Fatalf("the watcher did not catch the seeded bug %s (no violation mentioning %q; run error: %v; logs in %s)", sb.bug, sb.caught, err, dir)
+			switch {
+			case *noFaults && caught:
+				t.Fatalf("the seeded bug %s was caught without its fault: the fault is not what exposes it (logs in %s)", sb.bug, dir)
+			case *noFaults:
+				t.Logf("control: %s not caught without its fault (%d violations, %.0f s)", sb.bug, len(rep.Violations), time.Since(t0).Seconds())
+			case !caught:
+				t.Fatalf("the watcher did not catch the seeded bug %s (no violation mentioning %q; aim %s fired %d times; run error: %v; logs in %s)",
+					sb.bug, sb.caught, sb.aim, rep.Faults[sb.aim.Kind], err, dir)
+			default:
+				t.Logf("caught %s in %.0f s (whole run, control plane included)", sb.bug, time.Since(t0).Seconds())
+			}
 		})
 	}
 }

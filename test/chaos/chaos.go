@@ -80,6 +80,9 @@ type Options struct {
 	Baseline bool
 	// StopOnViolation ends the fault phase at the first violation (the seeded-bug tests).
 	StopOnViolation bool
+	// Aims are faults aimed at moments of the scenario (aim.go), for the seeded-bug tests; they
+	// come on top of the random ones of Faults (an empty, non-nil Faults for none).
+	Aims []Aim
 	// OutDir receives the logs (default: a temporary directory, removed).
 	OutDir string
 	// Log receives progress lines; nil discards them.
@@ -108,7 +111,7 @@ type harness struct {
 	plane    map[string]*restartable
 	apis     *apiservers
 	etcds    *etcdCluster // with apis
-	planeMu  sync.Mutex // one restart of a plane process at a time; guards downtime
+	planeMu  sync.Mutex   // one restart of a plane process at a time; guards downtime
 	restarts sync.WaitGroup
 	nodes    []string
 	rng      *rand.Rand
@@ -122,6 +125,7 @@ type harness struct {
 	curPhase string
 	// phasesDone counts the phases completed under faults.
 	phasesDone map[string]int
+	aims       *aimer // nil without Options.Aims
 }
 
 func (h *harness) sayf(format string, args ...any) {
@@ -148,6 +152,9 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		rng:      rand.New(rand.NewPCG(o.Seed, 1)), //nolint:gosec // G404: seeded on purpose, for reproducible fault points
 		downtime: map[string][]time.Duration{}, phasesDone: map[string]int{}}
 	h.watch = newWatcher(h.leases)
+	if len(o.Aims) > 0 {
+		h.aims = newAimer(h, o.Aims)
+	}
 	cleanup, err := h.setUp(ctx)
 	defer cleanup()
 	if err != nil {
@@ -285,6 +292,7 @@ func (h *harness) startReplicas() (func(), error) {
 		if err != nil {
 			return stop, err
 		}
+		p.aims = h.aims
 		stops = append(stops, p.close)
 		r, err := newReplica(name, h.o.Manager, h.o.OutDir, p, args, env)
 		if err != nil {

@@ -52,6 +52,8 @@ type proxy struct {
 	seq         int
 	inflight    map[int]inflightReq
 	writes      map[string]int // successful writes by "VERB resource"
+	// aims are the faults aimed at moments of the scenario (seeded-bug runs), nil otherwise.
+	aims *aimer
 }
 
 type inflightReq struct {
@@ -150,6 +152,10 @@ func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		delete(p.inflight, id)
 		p.mu.Unlock()
 	}()
+	r = r.WithContext(ctx)
+	if p.aims != nil && p.aims.serve(p, w, r) {
+		return // a fault aimed at this request (aim.go)
+	}
 	if fault != 0 {
 		writeStatus(w, fault)
 		return
@@ -161,10 +167,15 @@ func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	p.forward(w, r)
+}
+
+// forward reports a write to the watcher and passes the request on to the API server.
+func (p *proxy) forward(w http.ResponseWriter, r *http.Request) {
 	if isWriteMethod(r.Method) && !isLease(r) && !strings.Contains(r.URL.Path, "/namespaces/"+LeaseNamespace+"/") && p.onWrite != nil {
 		p.onWrite(p.replica, r.Method, r.URL.Path)
 	}
-	p.rp.ServeHTTP(w, r.WithContext(ctx))
+	p.rp.ServeHTTP(w, r)
 }
 
 // pickFault draws the fault of one request (p.mu held): an HTTP status to answer with, or a delay.

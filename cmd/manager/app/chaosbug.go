@@ -71,10 +71,22 @@ func (l *stubbornLock) Get(ctx context.Context) (*resourcelock.LeaderElectionRec
 	return &mine, b, jerr
 }
 
+func (l *stubbornLock) Create(ctx context.Context, rec resourcelock.LeaderElectionRecord) error {
+	return l.wrote(rec, l.Interface.Create(ctx, rec))
+}
+
 func (l *stubbornLock) Update(ctx context.Context, rec resourcelock.LeaderElectionRecord) error {
-	err := l.Interface.Update(ctx, rec)
+	return l.wrote(rec, l.Interface.Update(ctx, rec))
+}
+
+// wrote is the bug on a write of the Lease: once one has succeeded, every later one is taken as done
+// (leader election renews by writing alone while it believes it leads, so the lie holds).
+func (l *stubbornLock) wrote(rec resourcelock.LeaderElectionRecord, err error) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if err == nil && rec.HolderIdentity == l.Identity() {
+		l.held = true
+	}
 	if l.held {
 		l.last = rec
 		return nil
