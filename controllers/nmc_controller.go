@@ -114,6 +114,7 @@ type nodeFacts struct {
 	workers    map[string]*corev1.Pod // by module key
 	dpRunning  map[string]bool        // by module key
 	dpReady    map[string]bool        // by module key: a device plugin pod is Ready
+	dpModules  map[string]bool        // module keys whose Module has a device plugin
 	modulesSet map[string]bool        // module keys whose Module exists and is not being deleted
 	moduleKeys map[string]bool        // module keys of every Module, being deleted or not
 	drains     map[string]*kmmv1beta1.DrainSpec
@@ -204,7 +205,7 @@ func (r *NMCReconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 }
 
 // upstreamDevicePluginsBeforeUnload reads, only when the decision is about to create an unload
-// pod, upstream KMM's device plugin pods on the node (uncached): a pod of the unloading pair's
+// (or reload) pod, upstream KMM's device plugin pods on the node (uncached): a pod of the unloading pair's
 // Module counts as its running device plugin, so the pair drains it first (invariant 6 across a
 // switch from upstream). It says whether the pairs must be decided again with that fact.
 func (r *NMCReconciler) upstreamDevicePluginsBeforeUnload(ctx context.Context, f *nodeFacts, outcomes []pairOutcome) (bool, error) {
@@ -223,14 +224,15 @@ func (r *NMCReconciler) upstreamDevicePluginsBeforeUnload(ctx context.Context, f
 	return f.upstreamDevicePlugins, nil
 }
 
+// plansUnload says whether the pair is about to create a worker that unloads (an unload or a reload).
 func plansUnload(o pairOutcome) bool {
 	w := o.result.Plan.CreateWorker
-	return w != nil && w.Action == fsm.ActionUnload
+	return w != nil && (w.Action == fsm.ActionUnload || w.Action == fsm.ActionReload)
 }
 
 func (r *NMCReconciler) gather(ctx context.Context, name string) (*nodeFacts, error) {
 	f := &nodeFacts{nmc: &kmmv1beta1.NodeModulesConfig{}, node: &corev1.Node{}, workers: map[string]*corev1.Pod{},
-		dpRunning: map[string]bool{}, dpReady: map[string]bool{}, modulesSet: map[string]bool{}, moduleKeys: map[string]bool{}, refused: map[string]fsm.CreateRefusal{}}
+		dpRunning: map[string]bool{}, dpReady: map[string]bool{}, dpModules: map[string]bool{}, modulesSet: map[string]bool{}, moduleKeys: map[string]bool{}, refused: map[string]fsm.CreateRefusal{}}
 	// Everything is read as the cache holds it, without copies (this runs for every event on every
 	// node); the writes copy the NMC or the Node first (writableNMC, writableNode).
 	if err := r.Client.Get(ctx, client.ObjectKey{Name: name}, f.nmc, client.UnsafeDisableDeepCopy); err != nil {
@@ -257,6 +259,7 @@ func (r *NMCReconciler) gather(ctx context.Context, name string) (*nodeFacts, er
 	}
 	for _, m := range modules.Items {
 		f.moduleKeys[m.Namespace+"/"+m.Name] = true
+		f.dpModules[m.Namespace+"/"+m.Name] = m.Spec.DevicePlugin != nil
 		if m.DeletionTimestamp.IsZero() {
 			f.modulesSet[m.Namespace+"/"+m.Name] = true
 		}
@@ -318,7 +321,7 @@ func logOutcomes(outcomes []pairOutcome, log logr.Logger) {
 
 func (r *NMCReconciler) pairFacts(f *nodeFacts, key string, node fsm.Node, now time.Time) fsm.Facts {
 	ns, name, _ := strings.Cut(key, "/")
-	facts := fsm.Facts{Now: now, BackOff: r.BackOff, Node: node, DevicePluginRunning: f.dpRunning[key],
+	facts := fsm.Facts{Now: now, BackOff: r.BackOff, Node: node, DevicePluginRunning: f.dpRunning[key], DevicePluginConfigured: f.dpModules[key],
 		Status: kmmv1beta1.NodeModuleStatus{Namespace: ns, Name: name}, WorkerTimeout: r.WorkerTimeout}
 	if rf, ok := f.refused[key]; ok {
 		facts.CreateRefused = &rf

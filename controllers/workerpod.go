@@ -75,8 +75,9 @@ func WorkerPodName(node, namespace, name string) string {
 // restarted, no API token, SYS_MODULE, privileged only with firmware, config through the downward API.
 func WorkerPod(node string, o WorkerPodOptions, in *fsm.WorkerIntent) (*corev1.Pod, error) {
 	e := &in.Entry
-	cfg := contract.Config{Namespace: e.Namespace, Name: e.Name, Config: e.Config}
-	firmware := e.Config.Modprobe.FirmwarePath != ""
+	cfg := contract.Config{Namespace: e.Namespace, Name: e.Name, Config: e.Config, Previous: in.Previous}
+	// A reload removes the previous config's firmware and installs the new one's.
+	firmware := e.Config.Modprobe.FirmwarePath != "" || (in.Previous != nil && in.Previous.Modprobe.FirmwarePath != "")
 	if firmware {
 		cfg.SetFirmwareClassPath, cfg.FirmwareHostPath = !o.LeaveFirmwareClassPath, o.firmwareHostPath()
 	}
@@ -272,7 +273,7 @@ func workerResult(pod *corev1.Pod) fsm.WorkerResult {
 			continue
 		}
 		if r, err := contract.ParseResult([]byte(cs.State.Terminated.Message)); err == nil {
-			return fsm.WorkerResult{BootID: r.BootID, ImageDigest: r.ImageDigest, Reason: string(r.Reason), Message: r.Message}
+			return fsm.WorkerResult{BootID: r.BootID, ImageDigest: r.ImageDigest, Reason: string(r.Reason), Message: r.Message, FailedStep: r.FailedStep}
 		}
 	}
 	msg := pod.Status.Message

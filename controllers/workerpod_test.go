@@ -206,3 +206,40 @@ func TestWorkerPodFirmwareSettings(t *testing.T) {
 		t.Fatalf("firmware mounted at %q from host %q, want /lib/firmware for both", mounted, volume)
 	}
 }
+
+// TestReloadWorkerPod: a reload pod carries both configs in its config annotation (the worker's
+// Previous is the loaded one), is labelled reload, mounts firmware when the previous config had
+// it, and its failed step reaches the decision.
+func TestReloadWorkerPod(t *testing.T) {
+	in := intent("", false)
+	in.Action = fsm.ActionReload
+	prev := in.Entry.Config
+	prev.ContainerImage, prev.Modprobe.FirmwarePath = "reg/nic:0", "/firmware"
+	in.Previous = &prev
+	pod, err := WorkerPod("n", WorkerPodOptions{Image: "img"}, in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := contract.ParseConfig([]byte(pod.Annotations[contract.AnnotationConfig]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.ValidateFor(contract.ActionReload); err != nil || cfg.Previous.ContainerImage != "reg/nic:0" || cfg.Config.ContainerImage != "reg/nic:1" {
+		t.Fatalf("config %+v (%v): want previous reg/nic:0 and config reg/nic:1", cfg, err)
+	}
+	if pod.Labels[contract.LabelAction] != "reload" || pod.Spec.Containers[0].Args[0] != "reload" {
+		t.Errorf("labels %v, args %v", pod.Labels, pod.Spec.Containers[0].Args)
+	}
+	if sc := pod.Spec.Containers[0].SecurityContext; sc.Privileged == nil || !*sc.Privileged {
+		t.Error("the previous config's firmware is removed by the reload: the pod needs the firmware mount and privilege")
+	}
+	res := contract.Result{Action: contract.ActionReload, Namespace: "drivers", Name: "nic", Kernel: "k", BootID: "b",
+		Outcome: contract.OutcomeFailed, Reason: contract.ReasonBusy, Message: "in use", FailedStep: contract.StepUnload}
+	msg, _ := res.Marshal()
+	pod.Status.Phase = corev1.PodFailed
+	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: contract.ContainerName, State: corev1.ContainerState{
+		Terminated: &corev1.ContainerStateTerminated{ExitCode: 1, Message: string(msg), FinishedAt: metav1.Now()}}}}
+	if w := ObserveWorker(pod); w.Action != fsm.ActionReload || w.Result.FailedStep != contract.StepUnload || w.Entry.Config.ContainerImage != "reg/nic:1" {
+		t.Errorf("observed %+v", w)
+	}
+}

@@ -158,6 +158,13 @@ var modelActions = []action{
 			w.finishPod(p, false)
 		}
 	}},
+	// ReloadLoadHalfFails ends a running reload pod whose unload half succeeded and whose load
+	// half failed (WorkerFails fails a reload's unload half).
+	{name: "ReloadLoadHalfFails", run: func(w *world, c chooser) {
+		if p := runningPod(w, c); p != nil && p.action == ActionReload {
+			w.failReloadLoadHalf(p)
+		}
+	}},
 	// WorkerHangs makes a running pod never finish unless an action finishes it.
 	{name: "WorkerHangs", run: func(w *world, c chooser) {
 		if p := runningPod(w, c); p != nil {
@@ -331,11 +338,13 @@ var (
 				}
 			})
 	}}
-	rootUnloading = startingWorld{name: "unloading: settled, then the plain Module's image edited and the versioned Module deleted; unload pods running",
+	rootUnloading = startingWorld{name: "unloading: settled, then the plain Module's image edited (deleted when it has no device plugin) and the versioned Module deleted; unload pods running",
 		build: func(w *world) {
 			w.settle(maxSettleRounds)
 			if sm := w.modules[modPlain]; sm != nil {
 				sm.gen++
+				// Without a device plugin an image edit is a reload (rootBumped): delete it instead.
+				sm.exists = !w.cfg.plainWithoutDevicePlugin
 			}
 			if sm := w.modules[modVersion]; sm != nil {
 				sm.exists = false
@@ -352,6 +361,19 @@ var (
 			}
 			w.advanceUntil(func() bool {
 				return w.allPairs(func(st kmmv1beta1.NodeModuleStatus) bool { return st.State == Loading && st.Config != nil }) && w.allPodsRunning()
+			}, nil)
+		}}
+	rootBumped = startingWorld{name: "bumped: settled, then the plain Module's image edited; its worker pods running (reload pods without a device plugin)",
+		build: func(w *world) {
+			w.settle(maxSettleRounds)
+			w.modules[modPlain].gen++
+			w.advanceUntil(func() bool {
+				for _, n := range w.cfg.nodes {
+					if p := w.livePod(n, modPlain); p == nil || p.phase != PodRunning {
+						return false
+					}
+				}
+				return true
 			}, nil)
 		}}
 	rootFromUpstream = startingWorld{name: "switched from upstream KMM: every pair's record as upstream leaves it (its config loaded in this boot, no state)",
@@ -457,7 +479,7 @@ func (s startingWorld) start(cfg *worldConfig, f faults) *world {
 var startingWorldsBuilt sync.Map
 
 // startingWorlds are the worlds rapid's interleavings start from.
-var startingWorlds = []startingWorld{rootFresh, rootAllLoaded, rootLoadsFailing, rootReloading, rootUnloading, rootUpgradeAsked, rootUpgrading, rootFromUpstream}
+var startingWorlds = []startingWorld{rootFresh, rootAllLoaded, rootLoadsFailing, rootReloading, rootUnloading, rootBumped, rootUpgradeAsked, rootUpgrading, rootFromUpstream}
 
 // rapidChooser draws the choices with rapid.
 type rapidChooser struct{ t *rapid.T }

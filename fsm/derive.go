@@ -35,14 +35,14 @@ func deriveAbsent(f *Facts) (Trigger, bool) {
 }
 
 func deriveLoading(f *Facts) (Trigger, bool) {
-	if f.currentWorker(ActionLoad) && f.workerFinished() {
+	if f.currentLoader() && f.workerFinished() {
 		if f.Worker.Phase == PodFailed {
 			return WorkerFailed, true
 		}
 		// A success reported in another boot is stale: the module is not loaded in this one.
 		return WorkerSucceeded, f.Worker.Result.BootID == "" || f.Worker.Result.BootID == f.Node.BootID
 	}
-	if f.currentWorker(ActionLoad) && f.workerOverdue() {
+	if f.currentLoader() && f.workerOverdue() {
 		return WorkerTimedOut, true
 	}
 	if f.Worker.Phase == PodRunning || !f.nodeUsable() {
@@ -59,13 +59,14 @@ func deriveLoading(f *Facts) (Trigger, bool) {
 	}
 	// The spec is for this kernel: a config no worker can act on, or a pod the API server refused,
 	// fails the attempt without a pod.
-	return WorkerRejected, f.specProblem() != nil || f.refused(ActionLoad)
+	return WorkerRejected, f.specProblem() != nil || f.refused(ActionLoad) || f.refused(ActionReload)
 }
 
 // unloadFirst is rule 4 for a pair that may still have an old config loaded (a reload after a
-// Ready flap keeps the record): a different or removed spec unloads it before anything loads.
+// Ready flap keeps the record): a different or removed spec unloads it before anything loads,
+// unless one reload worker may do both (reloadable).
 func unloadFirst(f *Facts) (Trigger, bool) {
-	if !f.needsUnload() || !f.statusKernelMatches() {
+	if !f.needsUnload() || !f.statusKernelMatches() || f.reloadable() {
 		return "", false
 	}
 	if f.Spec == nil {

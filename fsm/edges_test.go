@@ -43,8 +43,9 @@ func permittedEdges() map[Edge]bool {
 // guardFactCombinations returns facts covering every outcome of every guard.
 func guardFactCombinations() []*Facts {
 	var out []*Facts
-	for i := range 32 {
+	for i := range 128 {
 		kernelMatch, dp, upgrade, loadedHere, upstreamRecord := i&1 != 0, i&2 != 0, i&4 != 0, i&8 != 0, i&16 != 0
+		reload, reloadFailed := i&32 != 0, i&64 != 0
 		f := &Facts{Spec: &kmmv1beta1.NodeModuleSpec{Config: kmmv1beta1.ModuleConfig{KernelVersion: "k"}}, DevicePluginRunning: dp}
 		f.Node.KernelVersion = "other"
 		if kernelMatch {
@@ -60,6 +61,17 @@ func guardFactCombinations() []*Facts {
 			// A record upstream KMM left (adopt.go), of what the spec loads, in the node's boot.
 			cfg := f.Spec.Config
 			f.Status.Config, f.Status.BootID, f.Node.BootID, f.foreign = &cfg, "b", "b", true
+		}
+		if reload {
+			// An image bump a reload worker may make (reloadable), unless a device plugin runs.
+			mc := kmmv1beta1.ModuleConfig{KernelVersion: f.Node.KernelVersion, ContainerImage: "r/m:2", Modprobe: kmmv1beta1.ModprobeSpec{ModuleName: "m"}}
+			old := mc
+			old.ContainerImage = "r/m:1"
+			f.Spec.Config, f.Status.Config, f.Node.UpgradeTarget = mc, &old, ""
+		}
+		if reloadFailed {
+			// A failed reload whose unload half did not succeed: the previous config is kept.
+			f.Worker = Worker{Action: ActionReload, Phase: PodFailed}
 		}
 		out = append(out, f)
 	}

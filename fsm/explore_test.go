@@ -40,6 +40,12 @@ var exploreSpecs = []exploreSpec{
 		roots: []startingWorld{rootAllLoaded, rootUpgradeAsked, rootUpgrading},
 		depth: 3,
 	},
+	{
+		cfg: worldConfig{name: "1 node x 1 plain Module without a device plugin (image bumps reload)", nodes: []string{"n0"}, modules: []string{modPlain},
+			kernels: []string{kernelA, kernelB, kernelNoMap}, history: 2, plainWithoutDevicePlugin: true},
+		roots: []startingWorld{rootAllLoaded, rootBumped, rootLoadsFailing},
+		depth: 3,
+	},
 }
 
 // exploreStep is one step of a path: an action and the choices it made.

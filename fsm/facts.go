@@ -23,6 +23,9 @@ type Facts struct {
 	Worker Worker
 	// DevicePluginRunning says whether a device plugin pod of the module exists on the node.
 	DevicePluginRunning bool
+	// DevicePluginConfigured says whether the Module has a device plugin (its DaemonSet selects
+	// nodes by the ready label); a reload then takes the ready label off like an unload.
+	DevicePluginConfigured bool
 	// BackOff is the retry policy after worker failures.
 	BackOff BackOff
 	// Drain is the upgrade drain of the workloads that use the module.
@@ -104,7 +107,14 @@ type WorkerAction string
 const (
 	ActionLoad   WorkerAction = "load"
 	ActionUnload WorkerAction = "unload"
+	// ActionReload unloads the loaded config and loads the spec's in one run (an image bump with
+	// nothing to drain): see reloadable.
+	ActionReload WorkerAction = "reload"
 )
+
+// FailedStepLoad is the WorkerResult.FailedStep of a reload whose unload half succeeded and whose
+// load half failed; any other failed reload left the previous config loaded.
+const FailedStepLoad = "load"
 
 // Worker is the pair's worker pod as observed (at most one exists: its name is deterministic).
 type Worker struct {
@@ -129,6 +139,8 @@ type WorkerResult struct {
 	ImageDigest string
 	Reason      string
 	Message     string
+	// FailedStep is, for a failed reload, the half that failed ("unload" or FailedStepLoad).
+	FailedStep string
 }
 
 // BackOff is an exponential back-off: Base after the first failure, doubling up to Max.
@@ -213,6 +225,52 @@ func (f *Facts) upgradeInProgress() bool {
 	return f.Node.UpgradeTarget != "" && f.Node.UpgradeTarget != f.loadedVersion()
 }
 
+// reloadable says whether the loaded config may be replaced by the spec's in one worker run that
+// unloads the one and loads the other (an image bump): both are for the node's kernel, neither is
+// versioned (an ordered upgrade keeps seed 002's flow), nothing is to be drained between them (no
+// device plugin pod of the module on the node, no workload an upgrade drain selects), the spec's
+// config is one a worker can act on, and the pod settings (service account, pull secret,
+// tolerations) are the same, so that one pod serves both halves.
+func (f *Facts) reloadable() bool {
+	s, st := f.Spec, &f.Status
+	if s == nil || !f.needsUnload() || !f.specKernelMatches() || !f.statusKernelMatches() {
+		return false
+	}
+	return s.Config.Version == "" && st.Config.Version == "" && !f.upgradeRequested() &&
+		!f.DevicePluginRunning && len(f.remainingWorkloads()) == 0 && f.specProblem() == nil &&
+		s.ServiceAccountName == st.ServiceAccountName && semantic.Equal(s.ImageRepoSecret, st.ImageRepoSecret) &&
+		len(s.Tolerations) == len(st.Tolerations) && (len(s.Tolerations) == 0 || semantic.Equal(&s.Tolerations, &st.Tolerations))
+}
+
+// loadAction is the worker a Loading pair runs: a reload when the loaded config may be replaced in
+// one run, else a load.
+func (f *Facts) loadAction() WorkerAction {
+	if f.reloadable() {
+		return ActionReload
+	}
+	return ActionLoad
+}
+
+// currentLoader says whether the worker pod is the current attempt at loading: a load, or a reload
+// while a previous config is recorded (a reboot clears the record and the attempts: a reload pod of
+// before it is stale, found by the rapid model).
+func (f *Facts) currentLoader() bool {
+	return f.currentWorker(ActionLoad) || (f.currentWorker(ActionReload) && f.Status.Config != nil)
+}
+
+// reloadKeptPrevious says whether the pair's failed worker is a reload that stopped before its
+// unload half succeeded (or whose half is unknown: a pod that ended without a result): the
+// previous config is (or may be) still loaded.
+func (f *Facts) reloadKeptPrevious() bool {
+	return f.Worker.Action == ActionReload && f.Worker.Result.FailedStep != FailedStepLoad && f.Status.Config != nil
+}
+
+// reloadUnloadedPrevious says whether the pair's failed worker is a reload that unloaded the
+// previous config and failed to load the new one: nothing is loaded.
+func (f *Facts) reloadUnloadedPrevious() bool {
+	return f.Worker.Action == ActionReload && f.Worker.Phase == PodFailed && f.Worker.Result.FailedStep == FailedStepLoad
+}
+
 // currentWorker says whether the worker pod belongs to the pair's current attempt at action a.
 func (f *Facts) currentWorker(a WorkerAction) bool {
 	return f.Worker.Phase != PodNone && f.Worker.Action == a && f.Worker.Attempt == f.Status.Attempts
@@ -285,7 +343,8 @@ func (f *Facts) failedPodOfLastAttempt() bool {
 // overdue pod loses the race with its own success.
 func (f *Facts) lateSuccess(a WorkerAction) bool {
 	thisBoot := f.Worker.Result.BootID == "" || f.Worker.Result.BootID == f.Node.BootID
-	return f.Status.Reason == ReasonTimedOut && f.Worker.Phase == PodSucceeded && f.Worker.Action == a &&
+	sameAction := f.Worker.Action == a || (a == ActionLoad && f.Worker.Action == ActionReload)
+	return f.Status.Reason == ReasonTimedOut && f.Worker.Phase == PodSucceeded && sameAction &&
 		f.Worker.Attempt == f.Status.Attempts-1 && (a == ActionUnload || thisBoot)
 }
 

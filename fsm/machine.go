@@ -137,7 +137,8 @@ func Configure(sm *stateless.StateMachine) {
 
 	sm.Configure(Loading).
 		Permit(WorkerSucceeded, Loaded).
-		Permit(WorkerFailed, LoadBackOff).
+		Permit(WorkerFailed, LoadBackOff, previousNotLoaded).
+		Permit(WorkerFailed, UnloadBackOff, reloadKeptPrevious).
 		Permit(WorkerTimedOut, LoadBackOff).
 		Permit(WorkerRejected, LoadBackOff).
 		PermitReentry(NodeRebooted).
@@ -165,7 +166,8 @@ func Configure(sm *stateless.StateMachine) {
 		Permit(SpecRemoved, DevicePluginDraining, drainNeeded).
 		Permit(SpecRemoved, Unloading, nothingToDrain).
 		Permit(SpecChanged, DevicePluginDraining, drainNeeded).
-		Permit(SpecChanged, Unloading, nothingToDrain).
+		Permit(SpecChanged, Unloading, nothingToDrainNoReload).
+		Permit(SpecChanged, Loading, reloadable).
 		Permit(UpgradeRequested, DevicePluginDraining)
 
 	sm.Configure(DevicePluginDraining).
@@ -220,6 +222,26 @@ func drainNeeded(ctx context.Context, _ ...any) bool {
 
 func nothingToDrain(ctx context.Context, args ...any) bool {
 	return !drainNeeded(ctx, args...)
+}
+
+// reloadable: one worker may unload the loaded config and load the spec's (Facts.reloadable).
+func reloadable(ctx context.Context, _ ...any) bool {
+	return pairFrom(ctx).facts.reloadable()
+}
+
+// nothingToDrainNoReload: nothing to drain, and the change is not one a reload worker makes.
+func nothingToDrainNoReload(ctx context.Context, args ...any) bool {
+	return nothingToDrain(ctx, args...) && !reloadable(ctx, args...)
+}
+
+// reloadKeptPrevious: the failed worker is a reload that did not unload the previous config.
+func reloadKeptPrevious(ctx context.Context, _ ...any) bool {
+	return pairFrom(ctx).facts.reloadKeptPrevious()
+}
+
+// previousNotLoaded: the failed worker is a load, or a reload whose unload half succeeded.
+func previousNotLoaded(ctx context.Context, args ...any) bool {
+	return !reloadKeptPrevious(ctx, args...)
 }
 
 // nothingLoadedHere: no config recorded as loaded for the kernel the node runs.

@@ -53,6 +53,9 @@ type worldConfig struct {
 	maxUnavailable int
 	// history is how many distinct cache contents a stale reconcile may act on, the current one included.
 	history int
+	// plainWithoutDevicePlugin gives the plain Module no device plugin: its image bumps are one
+	// reload worker each, with the ready label kept (issue 22).
+	plainWithoutDevicePlugin bool
 }
 
 // rapidConfig is the world rapid samples: three nodes, both Modules, the versioned one draining,
@@ -80,6 +83,8 @@ type faults struct {
 	rolloutNeverRetargets     bool // the rollout leaves a node on its way to an older version as pending (upgrade.PlanRollout's old rule)
 	onlyCreatesCheckFreshness bool // a reconcile whose status did not change relabels, cordons and drains unchecked (before issue 19)
 	strandedRecordDropped     bool // an Absent record of a config still in the kernel, with no spec entry, is dropped (before the fix of issue 18)
+	reloadIgnoresDevicePlugin bool // the NMC decision does not see the device plugin pod when the spec's config changed (a reload beside it)
+	reloadUnloadsNewConfig    bool // a reload pod's unload half is given the new config instead of the loaded one
 }
 
 type simNode struct {
@@ -120,10 +125,12 @@ type simPod struct {
 	action  WorkerAction
 	attempt int32
 	entry   kmmv1beta1.NodeModuleSpec
-	phase   WorkerPhase
-	result  WorkerResult
-	created time.Time
-	hung    bool // never finishes by itself (a stalled registry, a wedged kubelet)
+	// previous is what a reload pod unloads first.
+	previous *kmmv1beta1.ModuleConfig
+	phase    WorkerPhase
+	result   WorkerResult
+	created  time.Time
+	hung     bool // never finishes by itself (a stalled registry, a wedged kubelet)
 }
 
 // simWorkload is the workload pod on a node that the versioned Module's drain selects.
@@ -309,6 +316,9 @@ func (w *world) moduleObject(key string) *kmmv1beta1.Module {
 			DevicePlugin: &kmmv1beta1.DevicePluginSpec{Container: kmmv1beta1.DevicePluginContainerSpec{Image: "reg.example.com/dp:1"}},
 		},
 	}
+	if !w.hasDevicePlugin(key) {
+		m.Spec.DevicePlugin = nil
+	}
 	if key == modVersion && (w.cfg.drain || w.cfg.automatic) {
 		up := &kmmv1beta1.UpgradePolicy{Automatic: w.cfg.automatic, Drain: w.drainPolicy()}
 		if w.cfg.automatic {
@@ -318,6 +328,11 @@ func (w *world) moduleObject(key string) *kmmv1beta1.Module {
 		m.Spec.UpgradePolicy = up
 	}
 	return m
+}
+
+// hasDevicePlugin says whether the Module has a device plugin.
+func (w *world) hasDevicePlugin(key string) bool {
+	return key != modPlain || !w.cfg.plainWithoutDevicePlugin
 }
 
 // drainPolicy is the versioned Module's upgradePolicy.drain (nil without one).
@@ -485,6 +500,9 @@ func (w *world) applyResultFaults(r *Result) {
 		*r = Result{}
 		return
 	}
+	if c := r.Plan.CreateWorker; w.faults.reloadUnloadsNewConfig && c != nil && c.Action == ActionReload {
+		c.Previous = c.Entry.Config.DeepCopy()
+	}
 	if w.faults.logSkipsTransition && len(r.Fired) > 0 {
 		r.Status.Transitions = r.Status.Transitions[:len(r.Status.Transitions)-1]
 	}
@@ -540,6 +558,7 @@ func (w *world) facts(node, key string, nmc simNMC, snap *snapshot) Facts {
 	}
 	f.SpecWrittenByKMM = f.Spec != nil // the model's spec entries are all kmm's; no upstream worker pods
 	f.DevicePluginRunning = w.dpPods[node+"/"+key]
+	f.DevicePluginConfigured = w.hasDevicePlugin(key)
 	if r, ok := w.refused[node+"/"+key]; ok {
 		f.CreateRefused = &r
 	}
@@ -609,6 +628,12 @@ func (w *world) applyNMCFaults(f *Facts) {
 	}
 	if w.faults.unloadIgnoresDevicePlugin {
 		f.DevicePluginRunning = false
+	}
+	if w.faults.reloadIgnoresDevicePlugin && f.DevicePluginRunning {
+		// Blind to the device plugin pod only where that blindness makes a reload.
+		g := *f
+		g.DevicePluginRunning = false
+		f.DevicePluginRunning = !g.reloadable()
 	}
 	if w.faults.ignoresReboots {
 		f.Node.BootID = f.Status.BootID
@@ -748,9 +773,10 @@ func (w *world) createPod(node, key, name string, in *WorkerIntent) {
 	if in.Entry.Config.KernelVersion != sn.kernel {
 		w.violate("invariant 4: %s pod for %s on %s is for kernel %s, node runs %s", in.Action, key, node, in.Entry.Config.KernelVersion, sn.kernel)
 	}
-	if in.Action == ActionUnload && w.dpPods[node+"/"+key] {
-		w.violate("invariant 6: unload pod for %s created on %s while its device plugin pod runs", key, node)
+	if in.Action != ActionLoad && w.dpPods[node+"/"+key] {
+		w.violate("invariant 6: %s pod for %s created on %s while its device plugin pod runs", in.Action, key, node)
 	}
+	w.checkReloadIntent(node, key, in)
 	if cur, ok := sn.loaded[key]; ok && in.Action == ActionLoad && !equality.Semantic.DeepEqual(cur, in.Entry.Config) {
 		w.violate("invariant 6: load of %s (%s) on %s while %s is still loaded", key, in.Entry.Config.ContainerImage, node, cur.ContainerImage)
 	}
@@ -763,7 +789,26 @@ func (w *world) createPod(node, key, name string, in *WorkerIntent) {
 	w.checkBackOff(node, key, in)
 	w.nextUID++
 	w.pods[name] = &simPod{name: name, uid: w.nextUID, node: node, module: key, action: in.Action, attempt: in.Attempt,
-		entry: *in.Entry.DeepCopy(), phase: PodRunning, created: w.now}
+		entry: *in.Entry.DeepCopy(), previous: in.Previous.DeepCopy(), phase: PodRunning, created: w.now}
+}
+
+// checkReloadIntent checks a reload pod against the real world: it unloads what the kernel has
+// loaded (the config recorded as loaded, not the new one), and it loads a config for the same
+// kernel; a versioned Module never reloads (its upgrade is seed 002's flow).
+func (w *world) checkReloadIntent(node, key string, in *WorkerIntent) {
+	if in.Action != ActionReload {
+		return
+	}
+	if in.Previous == nil {
+		w.violate("invariant 6: reload pod for %s on %s names no config to unload", key, node)
+		return
+	}
+	if cur, ok := w.nodes[node].loaded[key]; ok && !equality.Semantic.DeepEqual(cur, *in.Previous) {
+		w.violate("invariant 6: reload pod for %s on %s unloads %s while %s is loaded", key, node, in.Previous.ContainerImage, cur.ContainerImage)
+	}
+	if in.Previous.Version != "" || in.Entry.Config.Version != "" {
+		w.violate("invariant 6: reload pod for the versioned %s on %s (versions %q → %q): an upgrade must unload, then load", key, node, in.Previous.Version, in.Entry.Config.Version)
+	}
 }
 
 // checkBackOff is the back-off property: after n consecutive failures of the same action and
@@ -810,11 +855,15 @@ func (w *world) finishPod(p *simPod, succeed bool) {
 	if p.entry.Config.KernelVersion != sn.kernel {
 		succeed = false // modprobe refuses a module built for another kernel
 	}
-	if p.action == ActionUnload && w.dpPods[p.node+"/"+p.module] {
-		w.violate("invariant 6: unload of %s on %s ran while its device plugin pod runs", p.module, p.node)
+	if p.action != ActionLoad && w.dpPods[p.node+"/"+p.module] {
+		w.violate("invariant 6: %s of %s on %s ran while its device plugin pod runs", p.action, p.module, p.node)
 	}
 	p.result = WorkerResult{BootID: fmt.Sprint(sn.boot), ImageDigest: "sha256:" + p.entry.Config.ContainerImage}
 	defer w.recordAttempt(p)
+	if p.action == ActionReload {
+		w.finishReload(p, sn, succeed)
+		return
+	}
 	if p.action == ActionLoad && strings.Contains(p.entry.Config.ContainerImage, brokenImageTag) {
 		p.phase, p.result.Reason, p.result.Message = PodFailed, ReasonInvalidConfig, "invalid config"
 		return
@@ -829,6 +878,31 @@ func (w *world) finishPod(p *simPod, succeed bool) {
 	} else {
 		delete(sn.loaded, p.module)
 	}
+}
+
+// finishReload plays a reload worker: the new config is checked and both images pulled first (a
+// broken image fails before anything changes), then the unload half (a failure there, Busy, leaves
+// the old config loaded), then the load half.
+func (w *world) finishReload(p *simPod, sn *simNode, succeed bool) {
+	switch {
+	case strings.Contains(p.entry.Config.ContainerImage, brokenImageTag):
+		p.phase, p.result.Reason, p.result.Message, p.result.FailedStep = PodFailed, ReasonInvalidConfig, "invalid config", "unload"
+	case !succeed:
+		p.phase, p.result.Reason, p.result.Message, p.result.FailedStep = PodFailed, "Busy", "injected failure: module in use", "unload"
+	default:
+		p.phase = PodSucceeded
+		sn.loaded[p.module] = p.entry.Config
+	}
+}
+
+// failReloadLoadHalf plays a reload whose unload half succeeds and whose load half fails.
+func (w *world) failReloadLoadHalf(p *simPod) {
+	sn := w.nodes[p.node]
+	p.result = WorkerResult{BootID: fmt.Sprint(sn.boot), ImageDigest: "sha256:" + p.entry.Config.ContainerImage,
+		Reason: "NotFound", Message: "injected failure: module not found", FailedStep: FailedStepLoad}
+	p.phase = PodFailed
+	delete(sn.loaded, p.module)
+	w.recordAttempt(p)
 }
 
 // reconcileLabels is the version label controller of package upgrade for the versioned Module.
@@ -897,7 +971,7 @@ func (w *world) reconcileDaemonSets(node string) {
 	sn := w.nodes[node]
 	for _, key := range w.cfg.modules {
 		ns, name := splitKey(key)
-		want := w.modules[key].exists && hasLabel(sn.labels, kmmv1beta1.ReadyLabel(ns, name))
+		want := w.modules[key].exists && w.hasDevicePlugin(key) && hasLabel(sn.labels, kmmv1beta1.ReadyLabel(ns, name))
 		if key == modVersion {
 			want = want && sn.labels[kmmv1beta1.DevicePluginVersionLabel(ns, name)] != ""
 		}
@@ -954,8 +1028,8 @@ func (w *world) check() {
 	perPair := map[string]int{}
 	for _, p := range w.pods {
 		perPair[p.node+"/"+p.module]++
-		if p.action == ActionUnload && p.phase == PodRunning && w.dpPods[p.node+"/"+p.module] {
-			w.violate("invariant 6: unload pod of %s running on %s next to its device plugin pod", p.module, p.node)
+		if p.action != ActionLoad && p.phase == PodRunning && w.dpPods[p.node+"/"+p.module] {
+			w.violate("invariant 6: %s pod of %s running on %s next to its device plugin pod", p.action, p.module, p.node)
 		}
 	}
 	for _, pair := range slices.Sorted(maps.Keys(perPair)) {

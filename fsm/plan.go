@@ -7,12 +7,10 @@ import kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 // finished pods to clean up, the node labels, and when to look again.
 func plan(f *Facts) Plan {
 	p := Plan{}
-	if f.state() == Loaded {
-		p.Ready, p.VersionReady = true, f.loadedVersion()
-	}
+	p.Ready, p.VersionReady = readyLabels(f)
 	switch f.state() {
 	case Loading:
-		planWorker(f, &p, ActionLoad)
+		planWorker(f, &p, f.loadAction())
 	case Unloading:
 		planWorker(f, &p, ActionUnload)
 	case Upgrading:
@@ -43,6 +41,16 @@ func plan(f *Facts) Plan {
 	return p
 }
 
+// readyLabels are the ready label and the version.ready value: a Loaded pair has them. A reload
+// replaces the module within one worker run: with no device plugin to keep off the node meanwhile,
+// the ready label stays through it (docs/api.md).
+func readyLabels(f *Facts) (bool, string) {
+	if f.state() == Loaded {
+		return true, f.loadedVersion()
+	}
+	return f.state() == Loading && f.reloadable() && !f.DevicePluginConfigured, ""
+}
+
 // planWorker plans the worker pod of a Loading or Unloading pair.
 func planWorker(f *Facts, p *Plan, action WorkerAction) {
 	switch {
@@ -58,18 +66,21 @@ func planWorker(f *Facts, p *Plan, action WorkerAction) {
 		p.Waiting = "spec entry is not for the node's kernel " + f.Node.KernelVersion
 	case action == ActionUnload && !f.statusKernelMatches():
 		p.Waiting = "loaded config is not for the node's kernel " + f.Node.KernelVersion
-	case action == ActionUnload && f.DevicePluginRunning:
+	case action != ActionLoad && f.DevicePluginRunning:
 		p.Waiting = "device plugin pod still on the node"
 	case action == ActionLoad && f.specProblem() != nil:
 		p.Waiting = "the spec entry's config is invalid"
 	default:
 		p.CreateWorker = &WorkerIntent{Action: action, Attempt: f.Status.Attempts, Entry: workerEntry(f, action)}
+		if action == ActionReload {
+			p.CreateWorker.Previous = f.Status.Config.DeepCopy()
+		}
 	}
 }
 
 // workerEntry is what a new worker pod loads (the spec entry) or unloads (the loaded config).
 func workerEntry(f *Facts, action WorkerAction) kmmv1beta1.NodeModuleSpec {
-	if action == ActionLoad {
+	if action != ActionUnload {
 		return *f.Spec.DeepCopy()
 	}
 	e := kmmv1beta1.NodeModuleSpec{

@@ -56,7 +56,10 @@ type Plan struct {
 type WorkerIntent struct {
 	Action  WorkerAction
 	Attempt int32
-	Entry   kmmv1beta1.NodeModuleSpec
+	// Entry is what the pod loads (load, reload) or unloads (unload).
+	Entry kmmv1beta1.NodeModuleSpec
+	// Previous is, for a reload, the loaded config the pod unloads before it loads Entry.
+	Previous *kmmv1beta1.ModuleConfig
 }
 
 // Step decides for one pair: it fires the triggers the facts amount to, records each transition in
@@ -127,20 +130,7 @@ func keepEntry(st *kmmv1beta1.NodeModuleStatus, f *Facts) bool {
 // records: side effects belong to the Plan.
 func record(st *kmmv1beta1.NodeModuleStatus, t Trigger, to State, f *Facts) kmmv1beta1.Transition {
 	from := st.State
-	switch {
-	case t == WorkerSucceeded && (from == Loading || from == LoadBackOff):
-		recordLoaded(st, f)
-	case t == WorkerSucceeded && (from == Unloading || from == UnloadBackOff):
-		recordUnloaded(st, f)
-	case t == Adopted:
-		recordAdopted(st, f)
-	case IsFailure(t):
-		st.Attempts++
-	case t == NodeRebooted && (f.rebootedByBootID() || !f.statusKernelMatches()):
-		// Nothing survives a reboot: the record says so, and a reload starts afresh.
-		recordUnloaded(st, f)
-		st.LastWorkerTime = nil
-	}
+	recordOutcome(st, t, from, f)
 	// A reload after a Ready transition (seed 000's rule 5) keeps the record: the old config may
 	// still be loaded, so a different spec must unload it first.
 	if to == DevicePluginDraining && st.Drain != nil {
@@ -157,6 +147,30 @@ func record(st *kmmv1beta1.NodeModuleStatus, t Trigger, to State, f *Facts) kmmv
 	st.State, st.LastTransitionTime, st.Reason = to, tr.Time, reason
 	st.Message = messageFor(t, f)
 	return tr
+}
+
+// recordOutcome records what a transition from state from says about the kernel: a config loaded
+// or unloaded, an adopted record, a failed attempt, or a reboot that unloaded everything.
+func recordOutcome(st *kmmv1beta1.NodeModuleStatus, t Trigger, from State, f *Facts) {
+	switch {
+	case t == WorkerSucceeded && (from == Loading || from == LoadBackOff):
+		recordLoaded(st, f)
+	case t == WorkerSucceeded && (from == Unloading || from == UnloadBackOff):
+		recordUnloaded(st, f)
+	case t == Adopted:
+		recordAdopted(st, f)
+	case t == WorkerFailed && f.reloadUnloadedPrevious():
+		// The reload's unload half succeeded: nothing is loaded, as after a failed load.
+		attempts := st.Attempts
+		recordUnloaded(st, f)
+		st.Attempts = attempts + 1
+	case IsFailure(t):
+		st.Attempts++
+	case t == NodeRebooted && (f.rebootedByBootID() || !f.statusKernelMatches()):
+		// Nothing survives a reboot: the record says so, and a reload starts afresh.
+		recordUnloaded(st, f)
+		st.LastWorkerTime = nil
+	}
 }
 
 func recordLoaded(st *kmmv1beta1.NodeModuleStatus, f *Facts) {
@@ -207,10 +221,11 @@ func messageFor(t Trigger, f *Facts) string {
 	switch t {
 	case WorkerFailed:
 		// The class is the status reason; the message is the worker's own.
-		if f.Worker.Result.Message == "" {
-			return "the " + string(f.Worker.Action) + " worker failed"
+		msg := f.Worker.Result.Message
+		if msg == "" {
+			msg = "the " + string(f.Worker.Action) + " worker failed"
 		}
-		return f.Worker.Result.Message
+		return reloadHalf(f) + msg
 	case WorkerTimedOut:
 		return "worker pod did not finish within " + f.workerTimeout().String() + ": deleting it and backing off"
 	case WorkerRejected:
@@ -228,6 +243,17 @@ func messageFor(t Trigger, f *Facts) string {
 		return "node asks for version " + f.Node.UpgradeTarget + ": draining the device plugin"
 	}
 	return triggerMessages[t]
+}
+
+// reloadHalf says which half of a failed reload failed, and what is loaded since.
+func reloadHalf(f *Facts) string {
+	switch {
+	case f.reloadUnloadedPrevious():
+		return "reload: the old config was unloaded, loading the new one failed: "
+	case f.reloadKeptPrevious():
+		return "reload: the old config stays loaded (its unload failed or did not run): "
+	}
+	return ""
 }
 
 var triggerMessages = map[Trigger]string{

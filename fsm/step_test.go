@@ -104,7 +104,7 @@ func TestStepSeedRules(t *testing.T) {
 		{"rule 2: status missing, node kernel differs from spec kernel: nothing", facts(e2, kmmv1beta1.NodeModuleStatus{}, readyNode(k1)), want{state: Absent}},
 		{"rule 3: spec missing, status kernel equals node kernel: unload pod", facts(nil, loaded(Loaded, e1), readyNode(k1)), want{state: Unloading, create: ActionUnload}},
 		{"rule 3: spec missing, status kernel differs from node kernel: nothing to unload", facts(nil, loaded(Loaded, e1), readyNode(k2)), want{removed: true}},
-		{"rule 4: spec differs from status, status kernel equals node kernel: unload pod", facts(e1b, loaded(Loaded, e1), readyNode(k1)), want{state: Unloading, create: ActionUnload}},
+		{"rule 4: spec differs from status, status kernel equals node kernel: one reload pod (issue 22), the ready label stays", facts(e1b, loaded(Loaded, e1), readyNode(k1)), want{state: Loading, create: ActionReload, ready: true}},
 		{"rule 4: spec differs, status kernel differs, spec kernel equals node kernel: load pod", facts(e2, loaded(Loaded, e1), readyNode(k2)), want{state: Loading, create: ActionLoad}},
 		{"rule 4: spec differs, both kernels differ from the node's: nothing", facts(e1b, loaded(Loaded, e1), readyNode(k2)), want{state: Absent}},
 		{"rule 5: spec equals status, Ready newer than status: load pod", facts(e1, loaded(Loaded, e1), rebootedReady), want{state: Loading, create: ActionLoad}},
