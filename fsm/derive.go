@@ -90,6 +90,9 @@ func deriveLoadBackOff(f *Facts) (Trigger, bool) {
 	if f.lateSuccess(ActionLoad) {
 		return WorkerSucceeded, true // the pod timed out, then finished after all: the module is loaded
 	}
+	if f.lateReloadUnloaded() {
+		return WorkerFailed, true // a timed-out reload unloaded the old config after all, then failed
+	}
 	if !f.nodeUsable() {
 		return "", false
 	}

@@ -348,6 +348,15 @@ func (f *Facts) lateSuccess(a WorkerAction) bool {
 		f.Worker.Attempt == f.Status.Attempts-1 && (a == ActionUnload || thisBoot)
 }
 
+// lateReloadUnloaded says whether the reload pod whose time-out the status counts last ended after
+// all, having unloaded the previous config and failed to load the new one, while the record still
+// names the previous config (found by the explorer: the record then said Loaded with nothing in
+// the kernel once the spec went back to the old config).
+func (f *Facts) lateReloadUnloaded() bool {
+	return f.Status.Reason == ReasonTimedOut && f.Status.Config != nil && f.Worker.Attempt == f.Status.Attempts-1 &&
+		f.reloadUnloadedPrevious()
+}
+
 // failureTerminal says whether the last failure cannot be retried with the same config.
 func (f *Facts) failureTerminal() bool {
 	return f.Status.Reason == ReasonInvalidConfig

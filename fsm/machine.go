@@ -152,6 +152,7 @@ func Configure(sm *stateless.StateMachine) {
 	sm.Configure(LoadBackOff).
 		Permit(BackOffExpired, Loading).
 		Permit(WorkerSucceeded, Loaded).
+		PermitReentry(WorkerFailed).
 		Permit(SpecChanged, Loading, nothingLoadedHere).
 		Permit(SpecChanged, DevicePluginDraining, loadedHereWithDevicePlugin).
 		Permit(SpecChanged, Unloading, loadedHereWithoutDevicePlugin).

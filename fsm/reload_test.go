@@ -106,6 +106,16 @@ func TestReloadOutcomes(t *testing.T) {
 		late := facts(entry(k1, "r/m:v1b", ""), *r.Status, readyNode(k1))
 		late.Worker = reloading(PodSucceeded, WorkerResult{BootID: "b1"}).Worker
 		check(t, late, want{state: Loaded, delete: true, ready: true})
+		// The timed-out reload ends after all, its unload half done and its load failed: the
+		// record of the old config goes (the explorer found it kept, and later taken as Loaded).
+		lateFail := facts(entry(k1, "r/m:v1", ""), *r.Status, readyNode(k1))
+		lateFail.Worker = reloading(PodFailed, WorkerResult{BootID: "b1", Reason: "NotFound", FailedStep: FailedStepLoad}).Worker
+		// (The spec went back to the old config meanwhile: it loads at once, the failed config
+		// having been replaced.)
+		lf := check(t, lateFail, want{state: Loading, delete: true})
+		if lf.Status.Config != nil || lf.Status.Attempts != r.Status.Attempts || len(lf.Fired) != 2 || lf.Fired[0].Trigger != string(WorkerFailed) {
+			t.Errorf("after a late load-half failure: config %v attempts %d fired %v, want none, %d, WorkerFailed then SpecChanged", lf.Status.Config, lf.Status.Attempts, lf.Fired, r.Status.Attempts)
+		}
 		retry := facts(entry(k1, "r/m:v1b", ""), *r.Status, readyNode(k1))
 		retry.Now = t0.Add(DefaultBackOff.Delay(1))
 		check(t, retry, want{state: Loading, create: ActionReload, ready: true})

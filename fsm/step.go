@@ -160,10 +160,14 @@ func recordOutcome(st *kmmv1beta1.NodeModuleStatus, t Trigger, from State, f *Fa
 	case t == Adopted:
 		recordAdopted(st, f)
 	case t == WorkerFailed && f.reloadUnloadedPrevious():
-		// The reload's unload half succeeded: nothing is loaded, as after a failed load.
+		// The reload's unload half succeeded: nothing is loaded, as after a failed load. (From
+		// LoadBackOff it is the late end of an attempt its time-out counted already.)
 		attempts := st.Attempts
 		recordUnloaded(st, f)
-		st.Attempts = attempts + 1
+		st.Attempts = attempts
+		if from != LoadBackOff {
+			st.Attempts++
+		}
 	case IsFailure(t):
 		st.Attempts++
 	case t == NodeRebooted && (f.rebootedByBootID() || !f.statusKernelMatches()):
