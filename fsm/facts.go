@@ -1,7 +1,10 @@
 package fsm
 
 import (
+	"slices"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/internal/semantic"
@@ -239,7 +242,21 @@ func (f *Facts) reloadable() bool {
 	return s.Config.Version == "" && st.Config.Version == "" && !f.upgradeRequested() &&
 		!f.DevicePluginRunning && len(f.remainingWorkloads()) == 0 && f.specProblem() == nil &&
 		s.ServiceAccountName == st.ServiceAccountName && semantic.Equal(s.ImageRepoSecret, st.ImageRepoSecret) &&
-		len(s.Tolerations) == len(st.Tolerations) && (len(s.Tolerations) == 0 || semantic.Equal(&s.Tolerations, &st.Tolerations))
+		sameTolerations(s.Tolerations, st.Tolerations)
+}
+
+// sameTolerations compares the spec's tolerations with those recorded from the admitted pod,
+// leaving out the two the API server adds to every pod (DefaultTolerationSeconds).
+func sameTolerations(spec, recorded []corev1.Toleration) bool {
+	var kept []corev1.Toleration
+	for _, t := range recorded {
+		if (t.Key == corev1.TaintNodeNotReady || t.Key == corev1.TaintNodeUnreachable) && t.Effect == corev1.TaintEffectNoExecute &&
+			!slices.ContainsFunc(spec, func(s corev1.Toleration) bool { return s.Key == t.Key }) {
+			continue
+		}
+		kept = append(kept, t)
+	}
+	return len(spec) == len(kept) && (len(kept) == 0 || semantic.Equal(&spec, &kept))
 }
 
 // loadAction is the worker a Loading pair runs: a reload when the loaded config may be replaced in

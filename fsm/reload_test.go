@@ -125,6 +125,14 @@ func TestReloadOutcomes(t *testing.T) {
 		f.Worker, f.DevicePluginRunning = Worker{}, true
 		check(t, f, want{state: DevicePluginDraining})
 	})
+	t.Run("the tolerations the API server adds to every pod (recorded from the admitted pod) do not count: reload", func(t *testing.T) {
+		f := facts(entry(k1, "r/m:v1b", ""), loaded(Loaded, entry(k1, "r/m:v1", "")), readyNode(k1))
+		for _, key := range []string{corev1.TaintNodeNotReady, corev1.TaintNodeUnreachable} {
+			f.Status.Tolerations = append(f.Status.Tolerations, corev1.Toleration{Key: key, Operator: corev1.TolerationOpExists,
+				Effect: corev1.TaintEffectNoExecute, TolerationSeconds: ptr.To(int64(300))})
+		}
+		check(t, f, want{state: Loading, create: ActionReload, ready: true})
+	})
 	t.Run("tolerations differ: unload then load", func(t *testing.T) {
 		f := facts(entry(k1, "r/m:v1b", ""), loaded(Loaded, entry(k1, "r/m:v1", "")), readyNode(k1))
 		f.Spec.Tolerations = []corev1.Toleration{{Key: "k", Operator: corev1.TolerationOpExists, TolerationSeconds: ptr.To(int64(1))}}
