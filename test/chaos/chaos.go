@@ -187,6 +187,37 @@ func setDefaults(o *Options) {
 	o.Intervals = iv
 }
 
+// startHAPlane starts a 3-member etcd and h.o.APIServers kube-apiservers behind a balancer in
+// place of envtest's, and installs the CRDs into the new etcd; undo gets what stops them.
+func (h *harness) startHAPlane(ctx context.Context, env *envtest.Env, etcd, orig *restartable, root string, undo *[]func()) error {
+	var err error
+	h.sayf("starting a 3-member etcd and %d kube-apiserver instances behind a balancer on %s", h.o.APIServers, env.Config.Host)
+	h.etcds, err = startEtcdCluster(ctx, etcd, 3, h.o.OutDir)
+	*undo = append(*undo, h.etcds.stop)
+	if err != nil {
+		return err
+	}
+	h.apis, err = startAPIServers(ctx, orig, h.o.APIServers, strings.Join(h.etcds.urls, ","), h.o.OutDir, env.Config)
+	*undo = append(*undo, h.apis.stop)
+	if err != nil {
+		return err
+	}
+	// The new etcd holds none of what envtest installed.
+	_, err = crdenvtest.InstallCRDs(env.Config, crdenvtest.CRDInstallOptions{Paths: []string{filepath.Join(root, "config", "crd", "bases")},
+		ErrorIfPathMissing: true})
+	return err
+}
+
+// createNamespaces creates the operator's and the Lease's namespaces.
+func (h *harness) createNamespaces(ctx context.Context) error {
+	for _, ns := range []string{Namespace, LeaseNamespace} {
+		if err := h.k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // setUp starts the control plane, the kube controllers, the agent and its nodes, the watcher, the
 // proxies and the replicas.
 func (h *harness) setUp(ctx context.Context) (func(), error) {
@@ -220,23 +251,8 @@ func (h *harness) setUp(ctx context.Context) (func(), error) {
 	undo = append(undo, orig.stop)
 	if h.o.APIServers == 1 {
 		h.plane["kube-apiserver"] = orig
-	} else {
-		h.sayf("starting a 3-member etcd and %d kube-apiserver instances behind a balancer on %s", h.o.APIServers, env.Config.Host)
-		h.etcds, err = startEtcdCluster(ctx, etcd, 3, h.o.OutDir)
-		undo = append(undo, h.etcds.stop)
-		if err != nil {
-			return cleanup, err
-		}
-		h.apis, err = startAPIServers(ctx, orig, h.o.APIServers, strings.Join(h.etcds.urls, ","), h.o.OutDir, env.Config)
-		undo = append(undo, h.apis.stop)
-		if err != nil {
-			return cleanup, err
-		}
-		// The new etcd holds none of what envtest installed.
-		if _, err := crdenvtest.InstallCRDs(env.Config, crdenvtest.CRDInstallOptions{Paths: []string{filepath.Join(root, "config", "crd", "bases")},
-			ErrorIfPathMissing: true}); err != nil {
-			return cleanup, err
-		}
+	} else if err := h.startHAPlane(ctx, env, etcd, orig, root, &undo); err != nil {
+		return cleanup, err
 	}
 	if err := env.StartKubeControllers(); err != nil {
 		return cleanup, err
@@ -246,10 +262,8 @@ func (h *harness) setUp(ctx context.Context) (func(), error) {
 	if h.k8s, err = client.New(cfg, client.Options{Scheme: app.NewScheme()}); err != nil {
 		return cleanup, err
 	}
-	for _, ns := range []string{Namespace, LeaseNamespace} {
-		if err := h.k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
-			return cleanup, err
-		}
+	if err := h.createNamespaces(ctx); err != nil {
+		return cleanup, err
 	}
 	if err := h.watch.start(ctx, cfg); err != nil {
 		return cleanup, err
