@@ -19,6 +19,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -322,6 +324,33 @@ func ParseArgs(args []string) (Args, error) {
 	return a, nil
 }
 
+// startupBackoff bounds how long New waits for the API server while it builds the manager: 9
+// tries, 250 ms doubling to at most 8 s between them, about 32 s in all (docs/install.md).
+var startupBackoff = wait.Backoff{Duration: 250 * time.Millisecond, Factor: 2, Jitter: 0.2, Steps: 9, Cap: 8 * time.Second}
+
+// newManagerWaiting builds the manager, trying again with startupBackoff while it fails. Building it
+// reads the API server's discovery (the cache's REST mapping of every kind it holds); a discovery
+// request that fails (a kube-apiserver restarting, 429 or 5xx from priority and fairness, a CRD
+// not yet in discovery) would otherwise end the process at once, and a replica restarted during
+// an outage would crash-loop instead of becoming a standby. Nothing is bound or started before
+// the discovery, so a failed try leaves nothing behind.
+func newManagerWaiting(cfg *rest.Config, opts ctrl.Options) (ctrl.Manager, error) {
+	var mgr ctrl.Manager
+	tries := 0
+	err := retry.OnError(startupBackoff, func(error) bool { return true }, func() error {
+		tries++
+		var err error
+		if mgr, err = ctrl.NewManager(cfg, opts); err != nil {
+			ctrl.Log.Info("Creating the manager failed; trying again", "try", tries, "error", err.Error())
+		}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("creating the manager (%d tries): %w", tries, err)
+	}
+	return mgr, nil
+}
+
 // NewScheme returns a scheme with the Kubernetes built-in kinds and the kmm kinds.
 func NewScheme() *runtime.Scheme {
 	s := runtime.NewScheme()
@@ -357,7 +386,7 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 	if o.AllowRestartInProcess {
 		certOpts.ControllerName = fmt.Sprintf("%s-%d", certOpts.ControllerName, managersInProcess.Add(1))
 	}
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+	mgr, err := newManagerWaiting(cfg, ctrl.Options{
 		Scheme:                  NewScheme(),
 		Metrics:                 metrics,
 		HealthProbeBindAddress:  o.ProbeAddr,
@@ -384,7 +413,7 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 		}),
 	})
 	if err != nil {
-		return nil, fmt.Errorf("creating the manager: %w", err)
+		return nil, err
 	}
 	leaseEvents.bind(mgr)
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
