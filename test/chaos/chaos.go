@@ -70,10 +70,16 @@ type Options struct {
 	Intervals map[string]time.Duration
 	// Proxy are the request fault shares while faults are injected.
 	Proxy ProxyFaults
+	// PhaseWindow, when positive, is the longest a phase of a round is faulted: past it the faults
+	// pause until the phase converged (gate.go). Duration then counts the time faults are on.
+	PhaseWindow time.Duration
 	// Lease timing of the replicas (defaults 2 s, 1 s, 200 ms: short, so that a partition ends in
 	// about two seconds, with a second between the leader's giving up and the next one's taking
 	// over, as controller-runtime's defaults of 15 s, 10 s and 2 s keep several).
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	// LeaderKills is the share of manager kills aimed at the Lease holder (default 1/3); the others
+	// kill the replica that does not lead.
+	LeaderKills float64
 	// Bugs are seeded bugs planted in both replicas (KMM_CHAOS_BUGS; needs a chaosbugs build).
 	Bugs []string
 	// Baseline runs one fault-free round first, for the writes per pair.
@@ -126,6 +132,11 @@ type harness struct {
 	// phasesDone counts the phases completed under faults.
 	phasesDone map[string]int
 	aims       *aimer // nil without Options.Aims
+	// gate turns the faults on and off (PhaseWindow); proxyFaults are the shares while on.
+	gate        *faultGate
+	proxyFaults ProxyFaults
+	// phasesPaused counts the phases under faults that converged only after the faults paused.
+	phasesPaused map[string]int
 }
 
 func (h *harness) sayf(format string, args ...any) {
@@ -150,7 +161,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	defer cancel()
 	h := &harness{o: o, leases: newLeaseBook(), counts: newFaultCounts(), log: o.Log, plane: map[string]*restartable{},
 		rng:      rand.New(rand.NewPCG(o.Seed, 1)), //nolint:gosec // G404: seeded on purpose, for reproducible fault points
-		downtime: map[string][]time.Duration{}, phasesDone: map[string]int{}}
+		downtime: map[string][]time.Duration{}, phasesDone: map[string]int{}, phasesPaused: map[string]int{}, gate: newFaultGate()}
 	h.watch = newWatcher(h.leases)
 	if len(o.Aims) > 0 {
 		h.aims = newAimer(h, o.Aims)
@@ -171,6 +182,9 @@ func setDefaults(o *Options) {
 		o.ConvergeTimeout = 90 * time.Second
 	}
 	o.APIServers = max(o.APIServers, 1)
+	if o.LeaderKills == 0 {
+		o.LeaderKills = 1.0 / 3
+	}
 	if o.Faults == nil {
 		o.Faults = FaultKinds
 	}

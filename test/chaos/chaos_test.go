@@ -26,6 +26,11 @@ var (
 	apiServers = flag.Int("chaos.apiservers", 3, "kube-apiserver instances behind the balancer (1: a single one, no balancer)")
 	outDir     = flag.String("chaos.out", "", "directory for the logs and report.json (default: a temporary one)")
 	minFaults  = flag.String("chaos.min-faults", "", "minimum faults per kind, kind=n,... (default: defaultMinimums)")
+	lease      = flag.String("chaos.lease", "", "the replicas' lease duration, renew deadline and retry period, e.g. 2s/1s/200ms (default: Options')")
+	intervals  = flag.String("chaos.intervals", "", "mean waits between faults of a kind, kind=duration,... (default: defaultIntervals)")
+	shares     = flag.String("chaos.shares", "http-429=0.15,http-500=0.12,http-409=0.5,delay=0.3", "request fault shares, kind=share,...")
+	window     = flag.Duration("chaos.phase-window", 0, "longest a phase is faulted before the faults pause until it converged (0: never pause)")
+	leaderKill = flag.Float64("chaos.leader-kills", 0, "share of manager kills aimed at the Lease holder (default: Options')")
 )
 
 // defaultMinimums are the faults of each kind the default run must reach: issue 23's 100 of every
@@ -73,9 +78,10 @@ func TestChaos(t *testing.T) {
 	dir := out(t)
 	ctx, cancel := context.WithTimeout(context.Background(), *duration+5*time.Minute)
 	defer cancel()
-	rep, err := chaos.Run(ctx, chaos.Options{Manager: bin, Nodes: *nodes, Modules: *modules, APIServers: *apiServers, Seed: *seed, Duration: *duration,
-		Baseline: true, OutDir: dir, Log: testWriter{t},
-		Proxy: chaos.ProxyFaults{Throttle: 0.15, ServerError: 0.12, Conflict: 0.5, Delay: 0.3, MaxDelay: 300 * time.Millisecond}})
+	o := chaos.Options{Manager: bin, Nodes: *nodes, Modules: *modules, APIServers: *apiServers, Seed: *seed, Duration: *duration,
+		Baseline: true, OutDir: dir, Log: testWriter{t}, LeaderKills: *leaderKill, PhaseWindow: *window}
+	setTuning(t, &o)
+	rep, err := chaos.Run(ctx, o)
 	if rep != nil {
 		var b strings.Builder
 		rep.Print(&b)
@@ -95,6 +101,70 @@ func TestChaos(t *testing.T) {
 			t.Errorf("%d faults of kind %s injected, want at least %d", got, kind, want)
 		}
 	}
+}
+
+// setTuning applies -chaos.lease, -chaos.intervals and -chaos.shares to o.
+func setTuning(t *testing.T, o *chaos.Options) {
+	t.Helper()
+	if *lease != "" {
+		var ds [3]time.Duration
+		parts := strings.Split(*lease, "/")
+		for i := range ds {
+			var err error
+			if len(parts) != 3 {
+				t.Fatalf("-chaos.lease %q: want duration/deadline/retry", *lease)
+			}
+			if ds[i], err = time.ParseDuration(parts[i]); err != nil {
+				t.Fatalf("-chaos.lease: %v", err)
+			}
+		}
+		o.LeaseDuration, o.RenewDeadline, o.RetryPeriod = ds[0], ds[1], ds[2]
+	}
+	for k, v := range keyValues(t, "-chaos.intervals", *intervals) {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatalf("-chaos.intervals %s: %v", k, err)
+		}
+		if o.Intervals == nil {
+			o.Intervals = map[string]time.Duration{}
+		}
+		o.Intervals[k] = d
+	}
+	o.Proxy = chaos.ProxyFaults{MaxDelay: 300 * time.Millisecond}
+	for k, v := range keyValues(t, "-chaos.shares", *shares) {
+		var x float64
+		if _, err := fmt.Sscan(v, &x); err != nil {
+			t.Fatalf("-chaos.shares %s: %v", k, err)
+		}
+		switch k {
+		case chaos.FaultThrottle:
+			o.Proxy.Throttle = x
+		case chaos.FaultServerError:
+			o.Proxy.ServerError = x
+		case chaos.FaultConflict:
+			o.Proxy.Conflict = x
+		case chaos.FaultDelay:
+			o.Proxy.Delay = x
+		default:
+			t.Fatalf("-chaos.shares: unknown kind %q", k)
+		}
+	}
+}
+
+// keyValues splits "k=v,k=v".
+func keyValues(t *testing.T, flagName, s string) map[string]string {
+	m := map[string]string{}
+	if s == "" {
+		return m
+	}
+	for _, kv := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			t.Fatalf("%s: %q is not kind=value", flagName, kv)
+		}
+		m[k] = v
+	}
+	return m
 }
 
 func minimums(t *testing.T) map[string]int {

@@ -23,9 +23,8 @@ func (h *harness) inject(ctx context.Context, wg *sync.WaitGroup) {
 	if !on(FaultDelay) {
 		pf.Delay = 0
 	}
-	for _, r := range h.replicas {
-		r.proxy.setFaults(pf)
-	}
+	h.proxyFaults = pf
+	h.setFaultsOn(true)
 	loops := map[string]func(context.Context){
 		FaultKill: h.killOne, FaultPartition: h.partitionLeader, FaultWatchCut: h.cutWatches,
 		FaultAPIServerRestart: h.restartAPIServer,
@@ -44,18 +43,20 @@ func (h *harness) inject(ctx context.Context, wg *sync.WaitGroup) {
 					return
 				case <-time.After(h.jitter(h.o.Intervals[kind])):
 				}
-				f(ctx)
+				if h.gate.wait(ctx) {
+					f(ctx)
+				}
 			}
 		}()
 	}
 }
 
-// killOne kills the leader (one time in three) or the other replica.
+// killOne kills the leader (Options.LeaderKills of the time) or the other replica.
 func (h *harness) killOne(context.Context) {
 	target := h.replicas[h.pick(len(h.replicas))]
 	if leader := h.leader(); leader != nil {
 		target = leader
-		if h.pick(3) > 0 {
+		if h.pick(1000) >= int(h.o.LeaderKills*1000) {
 			target = h.other(leader)
 		}
 	}

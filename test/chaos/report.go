@@ -19,6 +19,10 @@ type Report struct {
 	// the phases that completed under faults, by phase.
 	Rounds            int            `json:"rounds"`
 	PhasesUnderFaults map[string]int `json:"phasesUnderFaults"`
+	// PhasesAfterPause are the phases of PhasesUnderFaults that converged only once the faults
+	// paused (Options.PhaseWindow); FaultSeconds how long the faults were on.
+	PhasesAfterPause map[string]int `json:"phasesAfterPause"`
+	FaultSeconds     float64        `json:"faultSeconds"`
 	// Faults are the faults injected, by kind (FaultKinds).
 	Faults map[string]int `json:"faults"`
 	// FaultsByPhase are the faults by the phase of the round they fell in, then by kind.
@@ -48,8 +52,10 @@ func (r *Report) Print(w io.Writer) {
 	p := func(format string, args ...any) { _, _ = fmt.Fprintf(w, format+"\n", args...) }
 	p("chaos report: seed %d, %d nodes x %d Modules (%d pairs), %d rounds under faults%s", r.Seed, r.Nodes, r.Modules, r.Pairs, r.Rounds,
 		map[bool]string{true: ", seeded bugs " + strings.Join(r.Bugs, ","), false: ""}[len(r.Bugs) > 0])
-	p("%d kube-apiserver instances behind a balancer; phases completed under faults: load %d, upgrade %d, delete %d",
-		r.APIServers, r.PhasesUnderFaults[PhaseLoad], r.PhasesUnderFaults[PhaseUpgrade], r.PhasesUnderFaults[PhaseDelete])
+	p("%d kube-apiserver instances behind a balancer; faults on for %.0f s", r.APIServers, r.FaultSeconds)
+	p("phases faulted and completed: load %d, upgrade %d, delete %d (of which converged only after the faults paused: %d, %d, %d)",
+		r.PhasesUnderFaults[PhaseLoad], r.PhasesUnderFaults[PhaseUpgrade], r.PhasesUnderFaults[PhaseDelete],
+		r.PhasesAfterPause[PhaseLoad], r.PhasesAfterPause[PhaseUpgrade], r.PhasesAfterPause[PhaseDelete])
 	phases := sortedKeys(r.FaultsByPhase)
 	head := fmt.Sprintf("  %-18s %6s", "faults injected", "total")
 	for _, ph := range phases {

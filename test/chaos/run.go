@@ -25,8 +25,9 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 		rep.BaselineWrites, rep.BaselineSeconds = h.perPair(w, 1), secs
 	}
 	h.sayf("rounds under faults for %v (seed %d)", h.o.Duration, h.o.Seed)
-	faultCtx, stopFaults := context.WithTimeout(ctx, h.o.Duration)
+	faultCtx, stopFaults := context.WithCancel(ctx)
 	defer stopFaults()
+	go h.stopAfterFaultTime(faultCtx, stopFaults)
 	var wg sync.WaitGroup
 	h.inject(faultCtx, &wg)
 	if h.o.StopOnViolation {
@@ -77,6 +78,8 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 	rep.Faults = h.counts.snapshot()
 	rep.FaultsByPhase = h.counts.phases()
 	rep.PhasesUnderFaults = h.phasesDone
+	rep.PhasesAfterPause = h.phasesPaused
+	rep.FaultSeconds = h.gate.onTime().Seconds()
 	rep.APIServers = h.o.APIServers
 	rep.Checks, rep.Violations, rep.Events = h.watch.result()
 	rep.Downtime = h.downtimes()
@@ -110,7 +113,12 @@ func (h *harness) round(ctx context.Context, rounds *int) (map[string]int, float
 	h.takeWrites()
 	for _, p := range Phases {
 		h.setPhase(p)
-		if err := h.phase(ctx, p); err != nil {
+		paused := h.faultWindow(rounds != nil)
+		err := h.phase(ctx, p)
+		if rounds != nil && paused() {
+			h.phasesPaused[p]++
+		}
+		if err != nil {
 			return h.takeWrites(), 0, err
 		}
 		if rounds != nil {
@@ -122,6 +130,17 @@ func (h *harness) round(ctx context.Context, rounds *int) (map[string]int, float
 		*rounds++
 	}
 	return h.takeWrites(), time.Since(t0).Seconds(), nil
+}
+
+// faultWindow turns the faults on for a phase under faults and off once it has run for
+// Options.PhaseWindow; the function returned stops the window and says whether it paused them.
+func (h *harness) faultWindow(underFaults bool) func() bool {
+	if !underFaults || h.o.PhaseWindow <= 0 {
+		return func() bool { return false }
+	}
+	h.setFaultsOn(true)
+	t := time.AfterFunc(h.o.PhaseWindow, func() { h.setFaultsOn(false) })
+	return func() bool { return !t.Stop() }
 }
 
 // finishRound completes the round the faults interrupted (the phase that was running, then the
