@@ -69,6 +69,9 @@ func TestSmoke(t *testing.T) {
 	if load.OtherCPUSeconds["kube-apiserver"] <= 0 || load.OtherCPUSeconds["etcd"] <= 0 {
 		t.Errorf("load: the CPU of kube-apiserver and etcd was not measured: %v", load.OtherCPUSeconds)
 	}
+	if resync.Reconciles["nmc"] < res.Nodes || resync.Reconciles["module"] < res.Modules {
+		t.Errorf("resync: %v reconciles, want every NMC (%d) and Module (%d) reconciled again", resync.Reconciles, res.Nodes, res.Modules)
+	}
 	if resync.OperatorWrites != 0 {
 		t.Errorf("resync: want no write, got %v", resync.OperatorRequests)
 	}
