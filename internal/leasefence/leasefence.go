@@ -138,6 +138,9 @@ type roundTripper struct {
 	fence *Fence
 }
 
+// WrappedRoundTripper lets client-go reach the transport below (to cancel a request, for one).
+func (t roundTripper) WrappedRoundTripper() http.RoundTripper { return t.next }
+
 func (t roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 	if Fenced(req.Method, req.URL.Path) && !t.fence.Open() {
 		return nil, fmt.Errorf("%s %s: %w", req.Method, req.URL.Path, ErrFenced)

@@ -32,7 +32,11 @@ func fencedLeaderElection(cfg *rest.Config, o Options, events *lateEvents) (reso
 		renewDeadline = defaultRenewDeadline
 	}
 	if lock == nil {
-		lock, err = leaderelection.NewResourceLock(cfg, events, leaderelection.Options{
+		// On a copy: NewResourceLock sets the user agent and a client timeout of half the renew
+		// deadline on the config it is given, which on cfg would put that timeout on every request
+		// of the manager, watches included (cut every second with a 2 s deadline, every 5 s with
+		// the default), and its caches would never sync where a LIST takes longer.
+		lock, err = leaderelection.NewResourceLock(rest.CopyConfig(cfg), events, leaderelection.Options{
 			LeaderElection:          true,
 			LeaderElectionID:        LeaderElectionID,
 			LeaderElectionNamespace: o.LeaderElectNamespace,
