@@ -14,6 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
 	"github.com/kmm-project/kmm/test/chaos"
 	"github.com/kmm-project/kmm/test/envtest"
 )
@@ -39,6 +42,10 @@ var defaultMinimums = map[string]int{
 	chaos.FaultKill: 100, chaos.FaultPartition: 100, chaos.FaultAPIServerRestart: 100, chaos.FaultEtcdRestart: 100,
 	chaos.FaultWatchCut: 100, chaos.FaultThrottle: 100, chaos.FaultServerError: 100, chaos.FaultConflict: 100, chaos.FaultDelay: 100,
 }
+
+// The watcher's client-go watches log through controller-runtime's logger: discard it (the harness
+// reports through t.Log).
+func init() { ctrllog.SetLogger(logr.Discard()) }
 
 // buildManager builds cmd/manager (with the given build tags) into a temporary directory.
 func buildManager(t *testing.T, tags string) string {

@@ -115,7 +115,7 @@ func (h *harness) round(ctx context.Context, rounds *int) (map[string]int, float
 		h.setPhase(p)
 		paused := h.faultWindow(rounds != nil)
 		err := h.phase(ctx, p)
-		if rounds != nil && paused() {
+		if rounds != nil && paused() && err == nil {
 			h.phasesPaused[p]++
 		}
 		if err != nil {
