@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
 	toolscache "k8s.io/client-go/tools/cache"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -89,10 +90,12 @@ func deletionAwaited(node, key string) bool {
 	return waiting
 }
 
-// watchDeletions is the seeded bug's event handler: it meets the awaited deletions on delete
-// events, and ignores a deletion delivered as a tombstone (cache.DeletedFinalStateUnknown).
+// watchDeletions is the seeded bugs' event handler: it meets the awaited deletions on delete
+// events, and ignores a deletion delivered as a tombstone (cache.DeletedFinalStateUnknown)
+// (chaosbug.TombstoneIgnored); it forgets the pods struck from the facts on any delete event
+// (chaosbug.LostAnswerAsDeleted).
 func watchDeletions(mgr ctrl.Manager) error {
-	if !chaosbug.Enabled(chaosbug.TombstoneIgnored) {
+	if !chaosbug.Enabled(chaosbug.TombstoneIgnored) && !chaosbug.Enabled(chaosbug.LostAnswerAsDeleted) {
 		return nil
 	}
 	inf, err := mgr.GetCache().GetInformer(context.Background(), &corev1.Pod{})
@@ -102,9 +105,47 @@ func watchDeletions(mgr ctrl.Manager) error {
 	_, err = inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{DeleteFunc: func(o any) {
 		if p, ok := o.(*corev1.Pod); ok {
 			awaitedDeletions.Delete(p.UID)
+			lostDeletes.Delete(p.UID)
+		}
+		if t, ok := o.(toolscache.DeletedFinalStateUnknown); ok {
+			if p, ok := t.Obj.(*corev1.Pod); ok {
+				lostDeletes.Delete(p.UID)
+			}
 		}
 	}})
 	return err
+}
+
+// lostDeletes are, for the seeded bug chaosbug.LostAnswerAsDeleted, the worker pods whose DELETE
+// got no answer from the API server, taken as deleted: struck from the facts until their delete
+// event (pod UID → true).
+var lostDeletes sync.Map
+
+// lostAsDeleted is the seeded bug's reading of a worker pod DELETE's error: an answer that did not
+// come from the API server (no connection, a connection cut, a gateway's 502 or 503) is taken as a
+// delete that "must have reached the server", so the pod is taken as deleted.
+func lostAsDeleted(p *corev1.Pod, err error) error {
+	if err == nil || !chaosbug.Enabled(chaosbug.LostAnswerAsDeleted) {
+		return err
+	}
+	if !apierrors.IsUnexpectedServerError(err) && !utilnet.IsConnectionRefused(err) && !utilnet.IsConnectionReset(err) &&
+		!utilnet.IsProbableEOF(err) {
+		return err
+	}
+	lostDeletes.Store(p.UID, true)
+	return nil
+}
+
+// hideLostDeletes strikes the worker pods taken as deleted from f (the seeded bug only).
+func hideLostDeletes(f *nodeFacts) {
+	if !chaosbug.Enabled(chaosbug.LostAnswerAsDeleted) {
+		return
+	}
+	for key, p := range f.workers {
+		if _, gone := lostDeletes.Load(p.UID); gone {
+			delete(f.workers, key)
+		}
+	}
 }
 
 // disownedCordons are the nodes whose uncordon met a conflict (the seeded bug

@@ -252,6 +252,7 @@ func (r *NMCReconciler) gather(ctx context.Context, name string) (*nodeFacts, er
 	if err := r.liveDevicePlugins(ctx, f, name); err != nil {
 		return nil, err
 	}
+	hideLostDeletes(f)
 	r.expected().fill(f, name, r.Clock.Now())
 	modules := &kmmv1beta1.ModuleList{}
 	if err := r.Client.List(ctx, modules, client.UnsafeDisableDeepCopy); err != nil {
@@ -503,7 +504,7 @@ func (r *NMCReconciler) execute(ctx context.Context, f *nodeFacts, outcomes []pa
 				pre.ResourceVersion = &o.pod.ResourceVersion
 			}
 			awaitDeletion(o.pod)
-			err := r.Client.Delete(ctx, o.pod, pre)
+			err := lostAsDeleted(o.pod, r.Client.Delete(ctx, o.pod, pre))
 			deletionSent(o.pod, err)
 			if err = ignoreGone(err); err == nil {
 				r.expected().deleted(o.pod.UID, r.Clock.Now())

@@ -37,8 +37,14 @@ const (
 	// StallAsNoDevicePlugin: the same live read of the device plugin pods is given 300 ms; a read
 	// that runs out of them (kube-apiserver waiting for a restarting etcd) is taken as "none".
 	StallAsNoDevicePlugin = "stall-as-no-device-plugin"
+	// LostAnswerAsDeleted: a worker pod DELETE whose answer did not come from the API server
+	// (connection refused or reset, EOF, a gateway's 502 or 503: what a client meets while the
+	// kube-apiserver it talks to restarts) is taken as a delete that reached the server, so the pod
+	// is struck from the NMC controller's view until its delete event. The pod was not deleted: no
+	// event comes, nothing deletes it again, and the finished worker pod is left on the node.
+	LostAnswerAsDeleted = "lost-answer-as-deleted"
 )
 
 // Bugs are all the seeded bugs.
 var Bugs = []string{ForgetCordon, KeepLeading, ErrorAsNoPods, SlowCreateRenamed, TombstoneIgnored, ConflictDisownsCordon,
-	ThrottleSkipsDPCheck, StallAsNoDevicePlugin}
+	ThrottleSkipsDPCheck, StallAsNoDevicePlugin, LostAnswerAsDeleted}

@@ -32,6 +32,10 @@ type Aim struct {
 	// how long the replica's pod watches are refused with 410 Gone after its streams were cut (the
 	// answer of an API server that no longer has the resourceVersion a cut watch resumes from).
 	Hold time.Duration
+	// Into, for the restarts, kills the process before the request is forwarded instead of after
+	// it is done: the request runs into the outage (a kube-apiserver that is down: the proxy cannot
+	// connect and answers 502 as a gateway does; the request never reached a server).
+	Into bool
 }
 
 func (a Aim) String() string {
@@ -106,7 +110,7 @@ func (a *aimer) apply(aim Aim, p *proxy, w http.ResponseWriter, r *http.Request)
 		dropConnection(w)
 		return false
 	default:
-		a.restartAround(aim.Kind, p, w, r)
+		a.restartAround(aim, p, w, r)
 		return false
 	}
 	return true
@@ -114,10 +118,17 @@ func (a *aimer) apply(aim Aim, p *proxy, w http.ResponseWriter, r *http.Request)
 
 // restartAround forwards r, restarts kube-apiserver or etcd once r is done, and relays r's answer
 // only once the process is dead: the replica's next requests meet the outage (kube-apiserver) or
-// wait in kube-apiserver for etcd.
-func (a *aimer) restartAround(kind string, p *proxy, w http.ResponseWriter, r *http.Request) {
+// wait in kube-apiserver for etcd. With aim.Into the process is killed first and r forwarded into
+// the outage.
+func (a *aimer) restartAround(aim Aim, p *proxy, w http.ResponseWriter, r *http.Request) {
+	kind := aim.Kind
 	name := map[string]string{FaultAPIServerRestart: "kube-apiserver", FaultEtcdRestart: "etcd"}[kind]
 	if name == "" {
+		p.forward(w, r)
+		return
+	}
+	if aim.Into {
+		a.restart(r.Context(), name, kind)
 		p.forward(w, r)
 		return
 	}

@@ -25,9 +25,10 @@ type seededBug struct {
 	// duration is the fault phase; a bug caught as a stall is reported at its end plus the
 	// convergence bound.
 	duration time.Duration
-	// longLease runs the replicas with 6 s / 4 s / 0.5 s leases, so that a control-plane outage
-	// does not cost the leader its Lease unless the bug needs it to.
-	longLease bool
+	// lease is the replicas' lease duration, renew deadline and retry period (nil: the harness's
+	// short default), longer for the bugs a control-plane outage exposes: the outage must not cost
+	// the leader its Lease (a new process reads everything again and does not fall for the bug).
+	lease []time.Duration
 	// caught is a piece of the violation text that must appear.
 	caught string
 }
@@ -87,9 +88,25 @@ var seededBugs = []seededBug{
 		// etcd past its 300 ms, is taken as "none", and the unload pod comes while the device
 		// plugin pod runs. Long leases: the outage must not cost the leader its Lease.
 		bug: chaosbug.StallAsNoDevicePlugin, aim: chaos.Aim{Kind: chaos.FaultEtcdRestart, Phase: chaos.PhaseDelete, Method: "PATCH", Path: nmcs + "node-"},
-		duration: 40 * time.Second, longLease: true, caught: "device plugin pod is there",
+		duration: 40 * time.Second, lease: etcdLease, caught: "device plugin pod is there",
+	},
+	{
+		// kube-apiserver is killed as the leader deletes its first finished load pod, and the DELETE
+		// forwarded into the outage: the proxy answers 502, as a load balancer in front of a
+		// restarting kube-apiserver does, and the pod is not deleted. The bug takes it as deleted
+		// and strikes it from its facts; no delete event comes, so the finished pod is left and the
+		// load never converges. Lease 60 s / 45 s / 2 s: the in-place restart (8-22 s from SIGKILL
+		// to ready on this machine) must not cost the leader its Lease and its memory.
+		bug: chaosbug.LostAnswerAsDeleted, aim: chaos.Aim{Kind: chaos.FaultAPIServerRestart, Phase: chaos.PhaseLoad, Method: "DELETE", Path: "/pods/kmm-worker-", Into: true},
+		duration: 30 * time.Second, lease: apiserverLease, caught: "not converged",
 	},
 }
+
+// The leases of the runs with a control-plane outage (seededBug.lease).
+var (
+	etcdLease      = []time.Duration{6 * time.Second, 4 * time.Second, 500 * time.Millisecond}
+	apiserverLease = []time.Duration{60 * time.Second, 45 * time.Second, 2 * time.Second}
+)
 
 // TestSeededBugs runs, for each seeded bug of internal/chaosbug, a manager built with it under the
 // one fault that exposes it, aimed at the moment it matters (chaos.Aim), and checks that the
@@ -108,8 +125,8 @@ func TestSeededBugs(t *testing.T) {
 			if *noFaults {
 				o.Aims = nil
 			}
-			if sb.longLease {
-				o.LeaseDuration, o.RenewDeadline, o.RetryPeriod = 6*time.Second, 4*time.Second, 500*time.Millisecond
+			if sb.lease != nil {
+				o.LeaseDuration, o.RenewDeadline, o.RetryPeriod = sb.lease[0], sb.lease[1], sb.lease[2]
 			}
 			t0 := time.Now()
 			rep, err := chaos.Run(ctx, o)
