@@ -11,6 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -46,7 +47,7 @@ func TestImageBumpIsOneReloadWorker(t *testing.T) {
 
 	setFirstImage(t, m, imageAfter)
 	tb.WaitLoaded("nic", imageAfter, n)
-	w.waitSettled(t, 2)
+	w.waitSettled(t, imageAfter)
 
 	bump := w.created()[1:]
 	if actions := podActions(bump); !slices.Equal(actions, []contract.Action{contract.ActionReload}) {
@@ -88,7 +89,7 @@ func TestImageBumpWithDevicePluginUnloadsThenLoads(t *testing.T) {
 
 	setFirstImage(t, m, imageAfter)
 	tb.WaitLoaded("nic", imageAfter, n)
-	w.waitSettled(t, 3)
+	w.waitSettled(t, imageAfter)
 
 	bump := w.created()[1:]
 	if actions := podActions(bump); !slices.Equal(actions, []contract.Action{contract.ActionUnload, contract.ActionLoad}) {
@@ -113,6 +114,10 @@ func TestImageBumpWithDevicePluginUnloadsThenLoads(t *testing.T) {
 // one Warning Event and the ready label gone with the state; after the back-off a plain unload pod
 // runs, and a fixed image then loads.
 func TestFailedReloadKeepsTheOldModule(t *testing.T) {
+	// A back-off long enough to see the pair in UnloadBackOff (the package's 1 s is not).
+	saved := testbed.BackOff
+	testbed.BackOff = fsm.BackOff{Base: 3 * time.Second, Max: 4 * time.Second}
+	t.Cleanup(func() { testbed.BackOff = saved })
 	cluster.StartOperator(t)
 	tb := cluster.NewBed(t, 1, testbed.KernelA)
 	n := tb.Nodes[0]
@@ -135,6 +140,14 @@ func TestFailedReloadKeepsTheOldModule(t *testing.T) {
 		st, ok = w.first(kmmv1beta1.StateUnloadBackOff)
 		return ok, "the pair in UnloadBackOff, now " + testbed.Describe(cluster.PairStatus(n, tb.NS, "nic"))
 	})
+	// The ready label goes with Loaded, before the back-off is over.
+	testbed.Eventually(t, 10*time.Second, func() (bool, string) {
+		has, removals := w.label()
+		return !has && removals == 1, fmt.Sprintf("the ready label gone with Loaded (on the node: %v, removals %d)", has, removals)
+	})
+	if now := cluster.PairStatus(n, tb.NS, "nic"); now.State != kmmv1beta1.StateUnloadBackOff {
+		t.Errorf("the ready label went only after UnloadBackOff, in %s", testbed.Describe(now))
+	}
 	if st.Config == nil || st.Config.ContainerImage != imageBefore || st.Reason != "ImagePull" || st.Attempts != 1 ||
 		!strings.HasPrefix(st.Message, "reload: the old config stays loaded") {
 		t.Errorf("UnloadBackOff entry: %s; want the old image %s recorded, reason ImagePull, 1 attempt, a message saying the old config stays", testbed.Describe(&st), imageBefore)
@@ -148,11 +161,7 @@ func TestFailedReloadKeepsTheOldModule(t *testing.T) {
 	if r := lastRun(n, tb.NS+"/nic"); r.Action != contract.ActionReload || r.Result.FailedStep != contract.StepUnload {
 		t.Errorf("the agent's last run of nic: %s failed step %q, want a reload failed in its unload half", r.Action, r.Result.FailedStep)
 	}
-	assertOneReloadWarning(t, tb)
-	testbed.Eventually(t, 10*time.Second, func() (bool, string) {
-		has, removals := w.label()
-		return !has && removals == 1, fmt.Sprintf("the ready label gone with Loaded (on the node: %v, removals %d)", has, removals)
-	})
+	assertOneReloadWarning(t, tb, n)
 
 	// After the back-off: a plain unload pod for the old config (held Running), then a fixed image loads.
 	testbed.Eventually(t, 20*time.Second, func() (bool, string) {
@@ -166,7 +175,7 @@ func TestFailedReloadKeepsTheOldModule(t *testing.T) {
 	setFirstImage(t, m, imageAfter)
 	node.SetHold(nil)
 	tb.WaitLoaded("nic", imageAfter, n)
-	w.waitSettled(t, 4)
+	w.waitSettled(t, imageAfter)
 	want := []contract.Action{contract.ActionLoad, contract.ActionReload, contract.ActionUnload, contract.ActionLoad}
 	if actions := podActions(w.created()); !slices.Equal(actions, want) {
 		t.Errorf("worker pods %v, want %v (a load last: nothing is loaded after the unload)", actions, want)
@@ -270,23 +279,26 @@ func (w *bumpWatch) label() (bool, int) {
 	return w.hasLabel, w.removals
 }
 
-// waitSettled waits until the watch saw at least pods worker pods created and every one deleted
-// (the operator deletes a finished pod once its outcome is recorded), and the ready label set; the
-// callers check how many there were and what they did.
-func (w *bumpWatch) waitSettled(t *testing.T, pods int) {
+// waitSettled waits until the watch saw a worker pod that loads image (a load or a reload) and
+// every pod deleted (the operator deletes a finished pod once its outcome is recorded), and the
+// ready label set; the callers check which pods there were.
+func (w *bumpWatch) waitSettled(t *testing.T, image string) {
 	t.Helper()
 	testbed.Eventually(t, 20*time.Second, func() (bool, string) {
 		w.mu.Lock()
 		defer w.mu.Unlock()
-		return len(w.pods) >= pods && len(w.live) == 0 && w.hasLabel,
-			fmt.Sprintf("%d worker pods created (%d not deleted), want at least %d, all deleted; ready label %v", len(w.pods), len(w.live), pods, w.hasLabel)
+		loads := slices.ContainsFunc(w.pods, func(p watchedPod) bool {
+			return p.action != contract.ActionUnload && p.cfg.Config.ContainerImage == image
+		})
+		return loads && len(w.live) == 0 && w.hasLabel,
+			fmt.Sprintf("worker pods %v (%d not deleted), want one that loads %s, all deleted; ready label %v", podActions(w.pods), len(w.live), image, w.hasLabel)
 	})
 }
 
 // waitLoad waits until the first load settled and checks it was one load pod.
 func (w *bumpWatch) waitLoad(t *testing.T) {
 	t.Helper()
-	w.waitSettled(t, 1)
+	w.waitSettled(t, imageBefore)
 	if actions := podActions(w.created()); !slices.Equal(actions, []contract.Action{contract.ActionLoad}) {
 		t.Fatalf("worker pods for the load: %v, want one load pod", actions)
 	}
@@ -337,25 +349,38 @@ func assertLogged(t *testing.T, got []kmmv1beta1.Transition, want ...kmmv1beta1.
 	}
 }
 
-// assertOneReloadWarning waits for the Warning Event of the failed reload on the Module and checks
-// it is the only one (a series counts repeats).
-func assertOneReloadWarning(t *testing.T, tb *testbed.Bed) {
+// assertOneReloadWarning waits for the Warning Events of the failed reload's transition, one on the
+// Module and one on node n's NMC, and checks each is the only one (a series would count repeats)
+// and says that the old config stays loaded. The Module's Degraded condition has an Event of its
+// own (action StateChanged), not counted here.
+func assertOneReloadWarning(t *testing.T, tb *testbed.Bed, n string) {
 	t.Helper()
-	var warnings []eventsv1.Event
+	var onModule, onNMC []eventsv1.Event
 	testbed.Eventually(t, 10*time.Second, func() (bool, string) {
-		evs := &eventsv1.EventList{}
-		_ = k8s.List(context.Background(), evs, client.InNamespace(tb.NS))
-		warnings = nil
-		for _, e := range evs.Items {
-			if e.Regarding.Kind == "Module" && e.Regarding.Name == "nic" && e.Type == corev1.EventTypeWarning {
-				warnings = append(warnings, e)
+		onModule, onNMC = nil, nil
+		for _, ns := range []string{tb.NS, metav1.NamespaceDefault} {
+			evs := &eventsv1.EventList{}
+			_ = k8s.List(context.Background(), evs, client.InNamespace(ns))
+			for _, e := range evs.Items {
+				if e.Type != corev1.EventTypeWarning || e.Action != "Transition" {
+					continue
+				}
+				switch {
+				case e.Regarding.Kind == "Module" && e.Regarding.Namespace == tb.NS && e.Regarding.Name == "nic":
+					onModule = append(onModule, e)
+				case e.Regarding.Kind == "NodeModulesConfig" && e.Regarding.Name == n && e.Related != nil && e.Related.Namespace == tb.NS && e.Related.Name == "nic":
+					onNMC = append(onNMC, e)
+				}
 			}
 		}
-		return len(warnings) > 0, "a Warning Event on the Module"
+		return len(onModule) > 0 && len(onNMC) > 0, fmt.Sprintf("Warning transition Events: %d on the Module, %d on the NMC", len(onModule), len(onNMC))
 	})
-	e := warnings[0]
-	if len(warnings) != 1 || e.Reason != "ImagePull" || !strings.Contains(e.Note, "reload: the old config stays loaded") || (e.Series != nil && e.Series.Count > 1) {
-		t.Errorf("%d Warning Events on the Module, the first %s %q (series %v); want one ImagePull saying the old config stays", len(warnings), e.Reason, e.Note, e.Series)
+	for what, evs := range map[string][]eventsv1.Event{"the Module": onModule, "the NMC": onNMC} {
+		e := evs[0]
+		if len(evs) != 1 || e.Reason != "ImagePull" || !strings.Contains(e.Note, "reload: the old config stays loaded") || (e.Series != nil && e.Series.Count > 1) {
+			t.Errorf("%d Warning transition Events on %s, the first %s %q (series %v); want one ImagePull saying the old config stays",
+				len(evs), what, e.Reason, e.Note, e.Series)
+		}
 	}
 }
 
