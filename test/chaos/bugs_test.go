@@ -17,6 +17,10 @@ import (
 // exposes each (go test -tags chaos ./test/chaos -run TestSeededBugs -chaos.bugs-unfaulted).
 var noFaults = flag.Bool("chaos.bugs-unfaulted", false, "run the seeded bugs without their faults (the control: none may be caught)")
 
+// noBugs runs the aimed faults against managers without the bugs: the control that shows the bug,
+// not the fault alone, is what breaks the invariant (-chaos.bugs-off: no violation may be reported).
+var noBugs = flag.Bool("chaos.bugs-off", false, "run the seeded bugs' aimed faults without the bugs (the control: no violation may be reported)")
+
 // seededBug is one seeded bug, the fault aimed at the moment that exposes it, and the invariant
 // whose violation proves the watcher caught it.
 type seededBug struct {
@@ -125,6 +129,9 @@ func TestSeededBugs(t *testing.T) {
 			if *noFaults {
 				o.Aims = nil
 			}
+			if *noBugs {
+				o.Bugs = nil
+			}
 			if sb.lease != nil {
 				o.LeaseDuration, o.RenewDeadline, o.RetryPeriod = sb.lease[0], sb.lease[1], sb.lease[2]
 			}
@@ -141,6 +148,10 @@ func TestSeededBugs(t *testing.T) {
 				caught = caught || strings.Contains(v, sb.caught)
 			}
 			switch {
+			case *noBugs && len(rep.Violations) > 0:
+				t.Fatalf("the fault aimed for %s broke an invariant of a manager without the bug: %v (logs in %s)", sb.bug, rep.Violations, dir)
+			case *noBugs:
+				t.Logf("control: the fault aimed for %s (fired %d times) broke nothing without the bug (%.0f s)", sb.bug, rep.Faults[sb.aim.Kind], time.Since(t0).Seconds())
 			case *noFaults && caught:
 				t.Fatalf("the seeded bug %s was caught without its fault: the fault is not what exposes it (logs in %s)", sb.bug, dir)
 			case *noFaults:
