@@ -22,11 +22,12 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strings"
 	"sync"
 	"time"
 
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
+
+	"github.com/kmm-project/kmm/internal/apipath"
 )
 
 // ErrFenced is the error of a write refused because the replica cannot prove it still leads.
@@ -155,27 +156,5 @@ func Fenced(method, path string) bool {
 	case http.MethodGet, http.MethodHead, http.MethodOptions:
 		return false
 	}
-	return !unfenced[Resource(path)]
-}
-
-// Resource is the resource an API path names ("pods" for /api/v1/namespaces/x/pods/y/status,
-// "nodes" for /api/v1/nodes/n, "namespaces" for /api/v1/namespaces/x), "" when the path is not
-// an API resource path.
-func Resource(path string) string {
-	parts := strings.Split(strings.Trim(path, "/"), "/")
-	switch {
-	case len(parts) >= 2 && parts[0] == "api":
-		parts = parts[2:]
-	case len(parts) >= 3 && parts[0] == "apis":
-		parts = parts[3:]
-	default:
-		return ""
-	}
-	if len(parts) >= 3 && parts[0] == "namespaces" {
-		return parts[2]
-	}
-	if len(parts) == 0 {
-		return ""
-	}
-	return parts[0]
+	return !unfenced[apipath.Resource(path)]
 }

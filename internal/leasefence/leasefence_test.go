@@ -197,26 +197,6 @@ func TestTheMarginPropertyCatchesARenewalCountedFromItsAnswer(t *testing.T) {
 	}
 }
 
-func TestResource(t *testing.T) {
-	for path, want := range map[string]string{
-		"/api/v1/namespaces/kmm/pods/w-1":                                       "pods",
-		"/api/v1/namespaces/kmm/pods/w-1/status":                                "pods",
-		"/api/v1/nodes/n1":                                                      "nodes",
-		"/api/v1/namespaces/kmm":                                                "namespaces",
-		"/api/v1/namespaces/kmm/secrets/cert":                                   "secrets",
-		"/apis/coordination.k8s.io/v1/namespaces/kmm/leases/kmm-operator":       "leases",
-		"/apis/kmm.sigs.x-k8s.io/v1beta1/nodemodulesconfigs/n1/status":          "nodemodulesconfigs",
-		"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations": "validatingwebhookconfigurations",
-		"/apis/authentication.k8s.io/v1/tokenreviews":                           "tokenreviews",
-		"/healthz": "",
-		"/api":     "",
-	} {
-		if got := Resource(path); got != want {
-			t.Errorf("Resource(%q) = %q, want %q", path, got, want)
-		}
-	}
-}
-
 func TestWrapRefusesFencedWritesOnly(t *testing.T) {
 	var reached []string
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

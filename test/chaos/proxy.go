@@ -19,6 +19,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+
+	"github.com/kmm-project/kmm/internal/apipath"
 )
 
 // ProxyFaults are the shares of a replica's requests its proxy answers itself instead of the API
@@ -249,25 +251,17 @@ func (p *proxy) observeResponse(resp *http.Response) error {
 	return nil
 }
 
-// resourceOf is the resource (and subresource) a request path names.
+// resourceOf names the resource of an API path for the write counts ("pods", "nodemodulesconfigs/status"),
+// or the path itself when it names none.
 func resourceOf(path string) string {
-	parts := strings.Split(strings.Trim(path, "/"), "/")
+	p, ok := apipath.Parse(path)
 	switch {
-	case len(parts) >= 2 && parts[0] == "api":
-		parts = parts[2:]
-	case len(parts) >= 3 && parts[0] == "apis":
-		parts = parts[3:]
+	case !ok:
+		return path
+	case p.Subresource != "":
+		return p.Resource + "/" + p.Subresource
 	}
-	if len(parts) >= 2 && parts[0] == "namespaces" && len(parts) > 2 {
-		parts = parts[2:]
-	}
-	if len(parts) >= 3 {
-		return parts[0] + "/" + parts[2]
-	}
-	if len(parts) > 0 {
-		return parts[0]
-	}
-	return path
+	return p.Resource
 }
 
 // cutWatches ends every watch stream the replica has open and returns how many.

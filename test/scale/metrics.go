@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/kmm-project/kmm/internal/apipath"
 	"github.com/kmm-project/kmm/test/envtest"
 )
 
@@ -219,21 +220,11 @@ func (c counter) RoundTrip(req *http.Request) (*http.Response, error) {
 
 // requestKey names a request as apiserver_request_total does: verb, resource, subresource.
 func requestKey(method string, u *url.URL, contentType string) string {
-	parts := strings.Split(strings.Trim(u.Path, "/"), "/")
-	// /api/v1/... or /apis/<group>/<version>/...
-	switch {
-	case len(parts) >= 2 && parts[0] == "api":
-		parts = parts[2:]
-	case len(parts) >= 3 && parts[0] == "apis":
-		parts = parts[3:]
-	default:
+	p, ok := apipath.Parse(u.Path)
+	if !ok {
 		return method + " " + u.Path
 	}
-	if len(parts) >= 3 && parts[0] == "namespaces" {
-		parts = parts[2:]
-	}
-	parts = append(parts, "", "", "")
-	resource, name, sub := parts[0], parts[1], parts[2]
+	resource, name, sub := p.Resource, p.Name, p.Subresource
 	verb := method
 	switch {
 	case method == http.MethodGet && u.Query().Get("watch") == "true":
