@@ -9,6 +9,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -60,15 +61,18 @@ func TestLeaderWritesAreFencedByItsLease(t *testing.T) {
 		t.Fatalf("a write while leading: %v", err)
 	}
 
-	// Another replica takes the Lease over.
-	var lease coordinationv1.Lease
-	if err := admin.Get(ctx, client.ObjectKey{Namespace: ns, Name: LeaderElectionID}, &lease); err != nil {
-		t.Fatal(err)
-	}
-	now := metav1.NewMicroTime(time.Now())
-	lease.Spec.HolderIdentity, lease.Spec.RenewTime, lease.Spec.AcquireTime = ptr.To("thief"), &now, &now
-	lease.Spec.LeaseDurationSeconds = ptr.To(int32(3600))
-	if err := admin.Update(ctx, &lease); err != nil {
+	// Another replica takes the Lease over (again on a conflict: the manager renews every 200 ms).
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var lease coordinationv1.Lease
+		if err := admin.Get(ctx, client.ObjectKey{Namespace: ns, Name: LeaderElectionID}, &lease); err != nil {
+			return err
+		}
+		now := metav1.NewMicroTime(time.Now())
+		lease.Spec.HolderIdentity, lease.Spec.RenewTime, lease.Spec.AcquireTime = ptr.To("thief"), &now, &now
+		lease.Spec.LeaseDurationSeconds = ptr.To(int32(3600))
+		return admin.Update(ctx, &lease)
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
 	stolen := time.Now()
