@@ -35,14 +35,7 @@ const (
 // and ends with the new image in its status and in the node's kernel; the ready label never leaves
 // the node.
 func TestImageBumpIsOneReloadWorker(t *testing.T) {
-	cluster.StartOperator(t)
-	tb := cluster.NewBed(t, 1, testbed.KernelA)
-	n := tb.Nodes[0]
-	w := watchBump(t, tb, n, "nic")
-	m := tb.Module("nic")
-	tb.Create(m)
-	tb.WaitLoaded("nic", imageBefore, n)
-	w.waitLoad(t)
+	tb, n, w, m := loadForBump(t, nil)
 	logBefore := len(cluster.PairStatus(n, tb.NS, "nic").Transitions)
 
 	setFirstImage(t, m, imageAfter)
@@ -75,15 +68,9 @@ func TestImageBumpIsOneReloadWorker(t *testing.T) {
 // device plugin pod on the node, the bump drains it and runs an unload pod, then a load pod, and
 // the ready label goes (the device plugin DaemonSet selects on it) and comes back.
 func TestImageBumpWithDevicePluginUnloadsThenLoads(t *testing.T) {
-	cluster.StartOperator(t)
-	tb := cluster.NewBed(t, 1, testbed.KernelA)
-	n := tb.Nodes[0]
-	w := watchBump(t, tb, n, "nic")
-	m := tb.Module("nic")
-	m.Spec.DevicePlugin = &kmmv1beta1.DevicePluginSpec{Container: kmmv1beta1.DevicePluginContainerSpec{Image: "reg.example.com/nic-dp:1"}}
-	tb.Create(m)
-	tb.WaitLoaded("nic", imageBefore, n)
-	w.waitLoad(t)
+	tb, n, w, m := loadForBump(t, func(m *kmmv1beta1.Module) {
+		m.Spec.DevicePlugin = &kmmv1beta1.DevicePluginSpec{Container: kmmv1beta1.DevicePluginContainerSpec{Image: "reg.example.com/nic-dp:1"}}
+	})
 	waitDevicePluginReady(t, tb, n)
 	logBefore := len(cluster.PairStatus(n, tb.NS, "nic").Transitions)
 
@@ -118,14 +105,7 @@ func TestFailedReloadKeepsTheOldModule(t *testing.T) {
 	saved := testbed.BackOff
 	testbed.BackOff = fsm.BackOff{Base: 3 * time.Second, Max: 4 * time.Second}
 	t.Cleanup(func() { testbed.BackOff = saved })
-	cluster.StartOperator(t)
-	tb := cluster.NewBed(t, 1, testbed.KernelA)
-	n := tb.Nodes[0]
-	w := watchBump(t, tb, n, "nic")
-	m := tb.Module("nic")
-	tb.Create(m)
-	tb.WaitLoaded("nic", imageBefore, n)
-	w.waitLoad(t)
+	tb, n, w, m := loadForBump(t, nil)
 	logBefore := len(cluster.PairStatus(n, tb.NS, "nic").Transitions)
 	// Unload pods stay Running: the kernel keeps what the failed reload left until the test looks.
 	node.SetHold(func(p *corev1.Pod) bool {
@@ -199,6 +179,24 @@ type watchedPod struct {
 	uid    types.UID
 	action contract.Action
 	cfg    contract.Config
+}
+
+// loadForBump starts the operator on a bed of one node, creates the Module "nic" (changed by edit
+// first, when not nil) and waits until it is loaded with imageBefore, watched by a bumpWatch.
+func loadForBump(t *testing.T, edit func(*kmmv1beta1.Module)) (*testbed.Bed, string, *bumpWatch, *kmmv1beta1.Module) {
+	t.Helper()
+	cluster.StartOperator(t)
+	tb := cluster.NewBed(t, 1, testbed.KernelA)
+	n := tb.Nodes[0]
+	w := watchBump(t, tb, n, "nic")
+	m := tb.Module("nic")
+	if edit != nil {
+		edit(m)
+	}
+	tb.Create(m)
+	tb.WaitLoaded("nic", imageBefore, n)
+	w.waitLoad(t)
+	return tb, n, w, m
 }
 
 func watchBump(t *testing.T, tb *testbed.Bed, n, module string) *bumpWatch {

@@ -179,11 +179,10 @@ func minimums(t *testing.T) map[string]int {
 		return defaultMinimums
 	}
 	m := map[string]int{}
-	for _, kv := range strings.Split(*minFaults, ",") {
-		k, v, _ := strings.Cut(kv, "=")
+	for k, v := range keyValues(t, "-chaos.min-faults", *minFaults) {
 		var n int
 		if _, err := fmt.Sscan(v, &n); err != nil {
-			t.Fatalf("-chaos.min-faults: %q: %v", kv, err)
+			t.Fatalf("-chaos.min-faults %s: %v", k, err)
 		}
 		m[k] = n
 	}

@@ -14,7 +14,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/kmm-project/kmm/internal/leasefence"
-	"github.com/kmm-project/kmm/test/envtest"
 )
 
 // TestLeaderWritesAreFencedByItsLease runs the manager with leader election on a real API server:
@@ -23,25 +22,10 @@ import (
 // exited. Without the fence wired into New (the seeded fault: no cfg.Wrap), the last write goes
 // through and the test fails.
 func TestLeaderWritesAreFencedByItsLease(t *testing.T) {
-	env, err := envtest.StartWith(envtest.Options{Bare: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	admin, err := client.New(env.Config, client.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	const ns = "kmm-fence"
-	if err := admin.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
-		t.Fatal(err)
-	}
-	o := DefaultOptions()
-	o.MetricsAddr, o.ProbeAddr, o.DisableWebhook, o.DisableControllers = "0", "0", true, true
-	o.LeaderElect, o.LeaderElectNamespace = true, ns
-	o.LeaseDuration, o.RenewDeadline, o.RetryPeriod = 4*time.Second, 2*time.Second, 200*time.Millisecond
+	env, admin, o := electionBed(ctx, t, ns)
 	mgr, err := New(env.Config, o)
 	if err != nil {
 		t.Fatal(err)

@@ -9,11 +9,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-
-	"github.com/kmm-project/kmm/test/envtest"
 )
 
 type roundTripperFunc func(*http.Request) (*http.Response, error)
@@ -27,21 +23,9 @@ func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { r
 // seeded fault), every watch was cut after a second and made again, and a LIST slower than that
 // never let a cache sync.
 func TestLeaderElectionLeavesRequestsUntimed(t *testing.T) {
-	env, err := envtest.StartWith(envtest.Options{Bare: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	admin, err := client.New(env.Config, client.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	const ns = "kmm-lock-config"
-	if err := admin.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
-		t.Fatal(err)
-	}
+	env, _, o := electionBed(ctx, t, "kmm-lock-config")
 	var nodeWatches atomic.Int32
 	cfg := rest.CopyConfig(env.Config)
 	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
@@ -52,10 +36,6 @@ func TestLeaderElectionLeavesRequestsUntimed(t *testing.T) {
 			return rt.RoundTrip(r)
 		})
 	})
-	o := DefaultOptions()
-	o.MetricsAddr, o.ProbeAddr, o.DisableWebhook, o.DisableControllers = "0", "0", true, true
-	o.LeaderElect, o.LeaderElectNamespace = true, ns
-	o.LeaseDuration, o.RenewDeadline, o.RetryPeriod = 4*time.Second, 2*time.Second, 200*time.Millisecond
 	mgr, err := New(cfg, o)
 	if err != nil {
 		t.Fatal(err)

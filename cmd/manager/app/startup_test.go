@@ -43,9 +43,7 @@ func TestNewWaitsForDiscovery(t *testing.T) {
 		cfg := rest.CopyConfig(env.Config)
 		fd := &failingDiscovery{n: 3}
 		cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { fd.next = rt; return fd })
-		o := DefaultOptions()
-		o.MetricsAddr, o.ProbeAddr, o.DisableWebhook, o.DisableControllers = "0", "0", true, true
-		_, err := New(cfg, o)
+		_, err := New(cfg, bareOptions())
 		return fd, err
 	}
 	t.Run("waits", func(t *testing.T) {
