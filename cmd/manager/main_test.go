@@ -129,7 +129,9 @@ func TestOptionsValidate(t *testing.T) {
 	if err := o.Validate(); err != nil {
 		t.Fatalf("Validate() with an absolute sandbox: %v", err)
 	}
-	for _, le := range [][3]time.Duration{{time.Second, time.Second, 0}, {0, 20 * time.Second, 0}, {0, 0, 10 * time.Second}, {-time.Second, 0, 0}} {
+	// 1500ms: the Lease would say 1 s, the renew deadline's own length (client-go truncates).
+	for _, le := range [][3]time.Duration{{time.Second, time.Second, 0}, {0, 20 * time.Second, 0}, {0, 0, 10 * time.Second}, {-time.Second, 0, 0},
+		{1500 * time.Millisecond, time.Second, 150 * time.Millisecond}} {
 		o = app.DefaultOptions()
 		o.LeaseDuration, o.RenewDeadline, o.RetryPeriod = le[0], le[1], le[2]
 		if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "leader") {

@@ -215,12 +215,19 @@ func (o *Options) validateHostPaths() error {
 	return o.WorkerRegistry.Validate()
 }
 
-// validateLeaderElection checks the leader election timing: each set value positive, and the
-// renew deadline between the retry period and the lease duration.
+// validateLeaderElection checks the leader election timing: each set value positive, the lease
+// duration in whole seconds, and the renew deadline between the retry period and the lease
+// duration.
 func (o *Options) validateLeaderElection() error {
 	ld, rd, rp := o.LeaseDuration, o.RenewDeadline, o.RetryPeriod
 	if ld < 0 || rd < 0 || rp < 0 {
 		return fmt.Errorf("leader-elect-lease-duration, -renew-deadline and -retry-period must not be negative, got %v, %v and %v", ld, rd, rp)
+	}
+	// client-go writes the lease duration into the Lease in whole seconds, and the other replicas
+	// wait what the Lease says: 1.5s would let them take over after 1s, and the lease fence's
+	// margin (lease duration - renew deadline) would shrink without a word.
+	if ld%time.Second != 0 {
+		return fmt.Errorf("leader-elect-lease-duration must be a whole number of seconds (the Lease records it in seconds), got %v", ld)
 	}
 	ld, rd, rp = cmp.Or(ld, 15*time.Second), cmp.Or(rd, 10*time.Second), cmp.Or(rp, 2*time.Second)
 	if rd >= ld || rp >= rd {
