@@ -51,6 +51,29 @@ type aimer struct {
 	first []time.Time // first faulted request, by aim
 	// refuse is, by proxy, until when its pod watches and lists are refused (watch-cut aims).
 	refuse map[*proxy]time.Time
+	// restarting counts the aimed restarts not ready yet; ended is when the last one was.
+	restarting int
+	ended      time.Time
+}
+
+// settledFor says whether every aim has fired and nothing aimed has happened for d: every For and
+// Hold over and every aimed restart ready (Options.AimSettle).
+func (a *aimer) settledFor(d time.Duration) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.restarting > 0 {
+		return false
+	}
+	last := a.ended
+	for i, aim := range a.aims {
+		if a.fired[i] == 0 {
+			return false
+		}
+		if end := a.first[i].Add(aim.For + aim.Hold); end.After(last) {
+			last = end
+		}
+	}
+	return time.Since(last) >= d
 }
 
 func newAimer(h *harness, aims []Aim) *aimer {
@@ -207,7 +230,16 @@ func (a *aimer) holdAnswer(p *proxy, w http.ResponseWriter, r *http.Request, d t
 func (a *aimer) restart(ctx context.Context, name, kind string) {
 	h := a.h
 	killed := make(chan struct{})
+	a.mu.Lock()
+	a.restarting++
+	a.mu.Unlock()
 	go func() {
+		defer func() {
+			a.mu.Lock()
+			a.restarting--
+			a.ended = time.Now()
+			a.mu.Unlock()
+		}()
 		h.planeMu.Lock()
 		defer h.planeMu.Unlock()
 		p := h.plane[name]

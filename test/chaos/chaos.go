@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -73,10 +74,15 @@ type Options struct {
 	// PhaseWindow, when positive, is the longest a phase of a round is faulted: past it the faults
 	// pause until the phase converged (gate.go). Duration then counts the time faults are on.
 	PhaseWindow time.Duration
+	// SteadyLeaderShare is the share of the fault time given to MixSteadyLeader (gate.go): a window is faulted
+	// with it while it has had less than this share. 0: every window is MixAll. Needs PhaseWindow.
+	SteadyLeaderShare float64
 	// Lease timing of the replicas (defaults 2 s, 1 s, 200 ms: short, so that a partition ends in
 	// about two seconds, with a second between the leader's giving up and the next one's taking
 	// over, as controller-runtime's defaults of 15 s, 10 s and 2 s keep several).
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	// Replicas is the number of manager replicas (default 2): a, b, c, ...
+	Replicas int
 	// LeaderKills is the share of manager kills aimed at the Lease holder (default 1/3); the others
 	// kill the replica that does not lead.
 	LeaderKills float64
@@ -89,6 +95,10 @@ type Options struct {
 	// Aims are faults aimed at moments of the scenario (aim.go), for the seeded-bug tests; they
 	// come on top of the random ones of Faults (an empty, non-nil Faults for none).
 	Aims []Aim
+	// AimSettle, when positive, ends the fault phase once every aim has fired and nothing aimed has
+	// happened for this long (aimer.settledFor): a bug caught as a stall is then reported after
+	// AimSettle plus ConvergeTimeout instead of at the end of Duration.
+	AimSettle time.Duration
 	// OutDir receives the logs (default: a temporary directory, removed).
 	OutDir string
 	// Log receives progress lines; nil discards them.
@@ -182,6 +192,9 @@ func setDefaults(o *Options) {
 		o.ConvergeTimeout = 90 * time.Second
 	}
 	o.APIServers = max(o.APIServers, 1)
+	if o.Replicas == 0 {
+		o.Replicas = 2
+	}
 	if o.LeaderKills == 0 {
 		o.LeaderKills = 1.0 / 3
 	}
@@ -252,17 +265,12 @@ func (h *harness) setUp(ctx context.Context) (func(), error) {
 	}
 	h.env, h.cfg = env, env.Config
 	undo = append(undo, func() { _ = env.Stop() })
-	etcd, err := findChild("etcd", h.o.OutDir)
+	etcd, orig, err := h.envProcesses(env)
 	if err != nil {
 		return cleanup, err
 	}
 	h.plane["etcd"] = etcd
-	undo = append(undo, etcd.stop)
-	orig, err := findChild("kube-apiserver", h.o.OutDir)
-	if err != nil {
-		return cleanup, err
-	}
-	undo = append(undo, orig.stop)
+	undo = append(undo, etcd.stop, orig.stop)
 	if h.o.APIServers == 1 {
 		h.plane["kube-apiserver"] = orig
 	} else if err := h.startHAPlane(ctx, env, etcd, orig, root, &undo); err != nil {
@@ -298,7 +306,22 @@ func (h *harness) setUp(ctx context.Context) (func(), error) {
 	return cleanup, err
 }
 
-// startReplicas starts the two replicas, each behind its proxy.
+// envProcesses finds env's etcd and kube-apiserver among the test process's children: its
+// kube-apiserver serves on the port of its config, and its etcd on the address kube-apiserver is
+// given (other runs of the test process have their own).
+func (h *harness) envProcesses(env *envtest.Env) (etcd, apiserver *restartable, err error) {
+	host, err := url.Parse(env.Config.Host)
+	if err != nil {
+		return nil, nil, err
+	}
+	if apiserver, err = findChild("kube-apiserver", "--secure-port="+host.Port(), h.o.OutDir); err != nil {
+		return nil, nil, err
+	}
+	etcd, err = findChild("etcd", "--listen-client-urls="+apiserver.argValue("etcd-servers"), h.o.OutDir)
+	return etcd, apiserver, err
+}
+
+// startReplicas starts the replicas (Options.Replicas), each behind its proxy.
 func (h *harness) startReplicas() (func(), error) {
 	var stops []func()
 	stop := func() {
@@ -315,7 +338,8 @@ func (h *harness) startReplicas() (func(), error) {
 	if len(h.o.Bugs) > 0 {
 		env = append(env, "KMM_CHAOS_BUGS="+strings.Join(h.o.Bugs, ","))
 	}
-	for i, name := range []string{"a", "b"} {
+	for i := range h.o.Replicas {
+		name := string(rune('a' + i))
 		p, err := newProxy(h.cfg, name, h.o.Seed+uint64(i)+1, h.leases, h.counts, h.watch.write)
 		if err != nil {
 			return stop, err

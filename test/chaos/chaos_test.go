@@ -22,18 +22,20 @@ import (
 )
 
 var (
-	duration   = flag.Duration("chaos.duration", 4*time.Minute, "how long faults are injected")
-	seed       = flag.Uint64("chaos.seed", 1, "seed of the fault points")
-	nodes      = flag.Int("chaos.nodes", 4, "simulated nodes")
-	modules    = flag.Int("chaos.modules", 1, "Modules")
-	apiServers = flag.Int("chaos.apiservers", 4, "kube-apiserver instances behind the balancer (1: a single one, no balancer)")
-	outDir     = flag.String("chaos.out", "", "directory for the logs and report.json (default: a temporary one)")
-	minFaults  = flag.String("chaos.min-faults", "", "minimum faults per kind, kind=n,... (default: defaultMinimums)")
-	lease      = flag.String("chaos.lease", "1500ms/1s/150ms", "the replicas' lease duration, renew deadline and retry period, e.g. 2s/1s/200ms ")
-	intervals  = flag.String("chaos.intervals", "partition=200ms,apiserver-restart=250ms", "mean waits between faults of a kind, kind=duration,... (default: defaultIntervals)")
-	shares     = flag.String("chaos.shares", "http-429=0.2,http-500=0.2,http-409=0.5,delay=0.4", "request fault shares, kind=share,...")
-	window     = flag.Duration("chaos.phase-window", 30*time.Second, "longest a phase is faulted before the faults pause until it converged (0: never pause)")
-	leaderKill = flag.Float64("chaos.leader-kills", 0.2, "share of manager kills aimed at the Lease holder ")
+	duration    = flag.Duration("chaos.duration", 6*time.Minute, "how long faults are injected")
+	seed        = flag.Uint64("chaos.seed", 1, "seed of the fault points")
+	nodes       = flag.Int("chaos.nodes", 4, "simulated nodes")
+	modules     = flag.Int("chaos.modules", 1, "Modules")
+	apiServers  = flag.Int("chaos.apiservers", 4, "kube-apiserver instances behind the balancer (1: a single one, no balancer)")
+	outDir      = flag.String("chaos.out", "", "directory for the logs and report.json (default: a temporary one)")
+	minFaults   = flag.String("chaos.min-faults", "", "minimum faults per kind, kind=n,... (default: defaultMinimums)")
+	lease       = flag.String("chaos.lease", "2s/1s/150ms", "the replicas' lease duration (whole seconds: the Lease records seconds), renew deadline and retry period")
+	intervals   = flag.String("chaos.intervals", "partition=100ms,apiserver-restart=250ms", "mean waits between faults of a kind, kind=duration,... (default: defaultIntervals)")
+	shares      = flag.String("chaos.shares", "http-429=0.2,http-500=0.2,http-409=0.5,delay=0.4", "request fault shares, kind=share,...")
+	window      = flag.Duration("chaos.phase-window", 30*time.Second, "longest a phase is faulted before the faults pause until it converged (0: never pause)")
+	leaderKill  = flag.Float64("chaos.leader-kills", 0.2, "share of manager kills aimed at the Lease holder ")
+	steadyShare = flag.Float64("chaos.steady-share", 0.15, "share of the fault time with every fault but kills and partitions (the Lease stays put, so the leader's requests meet the request faults)")
+	replicas    = flag.Int("chaos.replicas", 3, "manager replicas")
 )
 
 // defaultMinimums are the faults of each kind the default run must reach: issue 23's 100 of every
@@ -86,7 +88,7 @@ func TestChaos(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), *duration+5*time.Minute)
 	defer cancel()
 	o := chaos.Options{Manager: bin, Nodes: *nodes, Modules: *modules, APIServers: *apiServers, Seed: *seed, Duration: *duration,
-		Baseline: true, OutDir: dir, Log: testWriter{t}, LeaderKills: *leaderKill, PhaseWindow: *window}
+		Baseline: true, OutDir: dir, Log: testWriter{t}, LeaderKills: *leaderKill, PhaseWindow: *window, SteadyLeaderShare: *steadyShare, Replicas: *replicas}
 	setTuning(t, &o)
 	rep, err := chaos.Run(ctx, o)
 	if rep != nil {

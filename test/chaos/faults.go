@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"maps"
 	"sort"
 	"sync"
 )
@@ -28,10 +29,12 @@ type faultCounts struct {
 	n       map[string]int
 	phase   string
 	byPhase map[string]map[string]int
+	// byClass are the request faults by kind, then by the class of the request (watch, read, write).
+	byClass map[string]map[string]int
 }
 
 func newFaultCounts() *faultCounts {
-	return &faultCounts{n: map[string]int{}, byPhase: map[string]map[string]int{}}
+	return &faultCounts{n: map[string]int{}, byPhase: map[string]map[string]int{}, byClass: map[string]map[string]int{}}
 }
 
 // setPhase names the phase the next faults fall in ("" between rounds).
@@ -42,6 +45,17 @@ func (c *faultCounts) setPhase(p string) {
 }
 
 func (c *faultCounts) add(kind string) { c.addN(kind, 1) }
+
+// addRequest counts one request fault of kind on a request of class.
+func (c *faultCounts) addRequest(kind, class string) {
+	c.addN(kind, 1)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.byClass[kind] == nil {
+		c.byClass[kind] = map[string]int{}
+	}
+	c.byClass[kind][class]++
+}
 
 func (c *faultCounts) addN(kind string, n int) {
 	c.mu.Lock()
@@ -60,12 +74,19 @@ func (c *faultCounts) addN(kind string, n int) {
 func (c *faultCounts) phases() map[string]map[string]int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	out := make(map[string]map[string]int, len(c.byPhase))
-	for p, m := range c.byPhase {
-		out[p] = make(map[string]int, len(m))
-		for k, v := range m {
-			out[p][k] = v
-		}
+	return cloneNested(c.byPhase)
+}
+
+func (c *faultCounts) classes() map[string]map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return cloneNested(c.byClass)
+}
+
+func cloneNested(in map[string]map[string]int) map[string]map[string]int {
+	out := make(map[string]map[string]int, len(in))
+	for p, m := range in {
+		out[p] = maps.Clone(m)
 	}
 	return out
 }

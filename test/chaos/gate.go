@@ -2,46 +2,95 @@ package chaos
 
 import (
 	"context"
+	"maps"
 	"sync"
 	"time"
 )
+
+// The fault mixes: the sets of fault kinds that are on together in one phase window.
+const (
+	// MixAll is every kind of Options.Faults.
+	MixAll = "all"
+	// MixSteadyLeader is every kind but the manager kills and the partitions, which move the Lease:
+	// under MixAll a new leader every two or three seconds makes few requests, so few of them meet
+	// a request fault and few of its writes a 409. Options.SteadyLeaderShare gives this mix its
+	// share of the fault time.
+	MixSteadyLeader = "steady-leader"
+)
+
+// inMix says whether faults of kind are injected under mix.
+func inMix(mix, kind string) bool {
+	if mix != MixSteadyLeader {
+		return true
+	}
+	return kind != FaultKill && kind != FaultPartition
+}
 
 // faultGate turns the injected faults on and off. Options.PhaseWindow bounds how long one phase of
 // a round is faulted: past it the faults pause until the phase converged, so that every phase of
 // every round completes and the next one is faulted in turn, instead of the faults falling on a
 // load that cannot finish under them. Options.Duration counts only the time the faults are on.
+// Each window is faulted with one mix (MixAll or MixSteadyLeader).
 type faultGate struct {
 	mu     sync.Mutex
 	on     bool
-	since  time.Time     // when the faults last turned on
-	total  time.Duration // time on before since
-	change chan struct{} // closed on every change
+	mix    string
+	since  time.Time                // when the faults last turned on
+	total  map[string]time.Duration // time on before since, by mix
+	change chan struct{}            // closed on every change
 }
 
-func newFaultGate() *faultGate { return &faultGate{change: make(chan struct{})} }
+func newFaultGate() *faultGate {
+	return &faultGate{mix: MixAll, total: map[string]time.Duration{}, change: make(chan struct{})}
+}
 
-// set turns the faults on or off; it says whether that changed anything.
-func (g *faultGate) set(on bool) bool {
+// set turns the faults on (with mix) or off; it says whether that changed anything.
+func (g *faultGate) set(on bool, mix string) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.on == on {
+	if g.on == on && (!on || g.mix == mix) {
 		return false
 	}
 	now := time.Now()
 	if g.on {
-		g.total += now.Sub(g.since)
+		g.total[g.mix] += now.Sub(g.since)
 	}
 	g.on, g.since = on, now
+	if on {
+		g.mix = mix
+	}
 	close(g.change)
 	g.change = make(chan struct{})
 	return true
 }
 
-// wait blocks until the faults are on; false when ctx ended first.
-func (g *faultGate) wait(ctx context.Context) bool {
+// nextMix is the mix of the next window: MixSteadyLeader while it has had less than share of the
+// fault time so far, MixAll otherwise (the first window is MixAll).
+func (g *faultGate) nextMix(share float64) string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var all time.Duration
+	for _, d := range g.total {
+		all += d
+	}
+	if share > 0 && all > 0 && float64(g.total[MixSteadyLeader]) < share*float64(all) {
+		return MixSteadyLeader
+	}
+	return MixAll
+}
+
+// allows says whether faults of kind are on now.
+func (g *faultGate) allows(kind string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.on && inMix(g.mix, kind)
+}
+
+// wait blocks until the faults are on with a mix that has kind; false when ctx ended first.
+func (g *faultGate) wait(ctx context.Context, kind string) bool {
 	for {
 		g.mu.Lock()
-		on, change := g.on, g.change
+		on, change := g.on && inMix(g.mix, kind), g.change
 		g.mu.Unlock()
 		if on {
 			return true
@@ -56,17 +105,28 @@ func (g *faultGate) wait(ctx context.Context) bool {
 
 // onTime is how long the faults have been on in all.
 func (g *faultGate) onTime() time.Duration {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.on {
-		return g.total + time.Since(g.since)
+	var all time.Duration
+	for _, d := range g.mixTimes() {
+		all += d
 	}
-	return g.total
+	return all
 }
 
-// setFaultsOn turns the faults on or off: the injector's loops and the proxies' request faults.
-func (h *harness) setFaultsOn(on bool) {
-	if !h.gate.set(on) {
+// mixTimes is how long the faults have been on, by mix.
+func (g *faultGate) mixTimes() map[string]time.Duration {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := maps.Clone(g.total)
+	if g.on {
+		out[g.mix] += time.Since(g.since)
+	}
+	return out
+}
+
+// setFaultsOn turns the faults on (with mix) or off: the injector's loops and the proxies' request
+// faults (on in every mix).
+func (h *harness) setFaultsOn(on bool, mix string) {
+	if !h.gate.set(on, mix) {
 		return
 	}
 	pf := ProxyFaults{}
@@ -76,7 +136,9 @@ func (h *harness) setFaultsOn(on bool) {
 	for _, r := range h.replicas {
 		r.proxy.setFaults(pf)
 	}
-	if !on {
+	if on {
+		h.sayf("faults on (mix %q) in the %s phase", mix, h.currentPhase())
+	} else {
 		h.sayf("faults paused: the %s phase was faulted for %v without converging", h.currentPhase(), h.o.PhaseWindow)
 	}
 }

@@ -24,7 +24,7 @@ func (h *harness) inject(ctx context.Context, wg *sync.WaitGroup) {
 		pf.Delay = 0
 	}
 	h.proxyFaults = pf
-	h.setFaultsOn(true)
+	h.setFaultsOn(true, MixAll)
 	loops := map[string]func(context.Context){
 		FaultKill: h.killOne, FaultPartition: h.partitionLeader, FaultWatchCut: h.cutWatches,
 		FaultAPIServerRestart: h.restartAPIServer,
@@ -43,7 +43,7 @@ func (h *harness) inject(ctx context.Context, wg *sync.WaitGroup) {
 					return
 				case <-time.After(h.jitter(h.o.Intervals[kind])):
 				}
-				if h.gate.wait(ctx) {
+				if h.gate.wait(ctx, kind) {
 					f(ctx)
 				}
 			}
@@ -51,7 +51,7 @@ func (h *harness) inject(ctx context.Context, wg *sync.WaitGroup) {
 	}
 }
 
-// killOne kills the leader (Options.LeaderKills of the time) or the other replica.
+// killOne kills the leader (Options.LeaderKills of the time) or another replica.
 func (h *harness) killOne(context.Context) {
 	target := h.replicas[h.pick(len(h.replicas))]
 	if leader := h.leader(); leader != nil {
@@ -76,23 +76,28 @@ func (h *harness) leader() *replica {
 	return nil
 }
 
-// other is a replica other than r.
+// other is a replica other than r, drawn at random (r itself when it is the only one).
 func (h *harness) other(r *replica) *replica {
+	var others []*replica
 	for _, x := range h.replicas {
 		if x != r {
-			return x
+			others = append(others, x)
 		}
 	}
-	return r
+	if len(others) == 0 {
+		return r
+	}
+	return others[h.pick(len(others))]
 }
 
 // partitionLeader stops the leader's traffic until it lost its Lease (it exits, as a manager
 // does when it cannot renew within the renew deadline) or another replica holds the Lease, then
-// restores it; it gives up after four lease durations.
+// restores it; it gives up after four lease durations. When no replica is leading (the last one
+// lost the Lease, the next has not taken it yet) it waits up to two lease durations for one.
 func (h *harness) partitionLeader(ctx context.Context) {
-	r := h.leader()
-	if r == nil || h.leases.renewing(h.o.RenewDeadline) != r.name {
-		return // no replica is leading right now (the last one lost the Lease, the next has not taken it)
+	r := h.renewingLeader(ctx, 2*h.o.LeaseDuration)
+	if r == nil {
+		return
 	}
 	exits := r.exitsOnLostLease()
 	r.proxy.partition()
@@ -108,6 +113,25 @@ func (h *harness) partitionLeader(ctx context.Context) {
 	}
 	if lost() {
 		h.faulted(FaultPartition)
+	}
+}
+
+// renewingLeader is the replica holding the Lease and renewing it, waiting up to wait for one
+// (nil if none by then, when ctx ends, or when the gate stops partitions meanwhile).
+func (h *harness) renewingLeader(ctx context.Context, wait time.Duration) *replica {
+	deadline := time.Now().Add(wait)
+	for {
+		if r := h.leader(); r != nil && h.leases.renewing(h.o.RenewDeadline) == r.name {
+			return r
+		}
+		if time.Now().After(deadline) || !h.gate.allows(FaultPartition) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
 }
 

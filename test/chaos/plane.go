@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -32,9 +33,10 @@ type restartable struct {
 	log  *os.File
 }
 
-// findChild finds this process's child named name (envtest starts etcd and kube-apiserver as
-// children of the test process) and reads its command line and working directory.
-func findChild(name, logDir string) (*restartable, error) {
+// findChild finds this process's child named name whose command line has an argument mark
+// (envtest starts etcd and kube-apiserver as children of the test process, and parallel runs have
+// one of each) and reads its command line and working directory.
+func findChild(name, mark, logDir string) (*restartable, error) {
 	for _, c := range envtest.Children() {
 		if c.Name != name {
 			continue
@@ -45,6 +47,9 @@ func findChild(name, logDir string) (*restartable, error) {
 			return nil, err
 		}
 		args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
+		if !slices.Contains(args, mark) {
+			continue
+		}
 		cwd, err := os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid))
 		if err != nil {
 			return nil, err
@@ -55,7 +60,7 @@ func findChild(name, logDir string) (*restartable, error) {
 		}
 		return &restartable{name: name, pid: pid, args: args, dir: cwd, log: log}, nil
 	}
-	return nil, fmt.Errorf("no child process named %s", name)
+	return nil, fmt.Errorf("no child process named %s with the argument %s", name, mark)
 }
 
 // kill ends the process with SIGKILL and waits until it is gone.

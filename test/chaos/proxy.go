@@ -25,7 +25,10 @@ import (
 
 // ProxyFaults are the shares of a replica's requests its proxy answers itself instead of the API
 // server (429, 500, and 409 on updates), the share it delays and by how much at most. Lease
-// requests are left alone: lease loss is what the partition fault is for.
+// requests are left alone (lease loss is what the partition fault is for), and so are the
+// discovery reads. Watch requests are faulted as they open, as kube-apiserver's priority and
+// fairness throttles a watch at its start: 429, 500 or a delay (client-go's informers list with a
+// watch, so without these an informer's start would meet no request fault at all).
 type ProxyFaults struct {
 	Throttle, ServerError, Conflict, Delay float64
 	MaxDelay                               time.Duration
@@ -45,7 +48,7 @@ type proxy struct {
 	// onWrite is told of every write the replica sends, before it is forwarded: all but the leader
 	// election's own (the Lease, and the Events about it in its namespace, which a replica
 	// records as it gains or loses the Lease).
-	onWrite func(replica, method, path string)
+	onWrite func(w sentWrite)
 
 	mu          sync.Mutex
 	rng         *rand.Rand
@@ -58,13 +61,22 @@ type proxy struct {
 	aims *aimer
 }
 
+// sentWrite is a write a replica sent, as its proxy forwards it: arrived is when it reached the proxy.
+type sentWrite struct {
+	replica, method, path string
+	arrived               time.Time
+}
+
+// arrivedKey keys the time a request reached the proxy in its context.
+type arrivedKey struct{}
+
 type inflightReq struct {
 	cancel context.CancelFunc
 	watch  bool
 }
 
 // newProxy starts a proxy to the API server of cfg for replica.
-func newProxy(cfg *rest.Config, replica string, seed uint64, leases *leaseBook, counts *faultCounts, onWrite func(string, string, string)) (*proxy, error) {
+func newProxy(cfg *rest.Config, replica string, seed uint64, leases *leaseBook, counts *faultCounts, onWrite func(sentWrite)) (*proxy, error) {
 	target, err := url.Parse(cfg.Host)
 	if err != nil {
 		return nil, err
@@ -112,6 +124,23 @@ func isWatch(r *http.Request) bool {
 	return r.Method == http.MethodGet && r.URL.Query().Get("watch") == "true"
 }
 
+// The request classes of the request fault breakdown (Report.RequestFaults).
+const (
+	classWatch = "watch"
+	classRead  = "read"
+	classWrite = "write"
+)
+
+func requestClass(r *http.Request) string {
+	switch {
+	case isWatch(r):
+		return classWatch
+	case isWriteMethod(r.Method):
+		return classWrite
+	}
+	return classRead
+}
+
 func isLease(r *http.Request) bool { return strings.Contains(r.URL.Path, "/leases") }
 
 // isDiscovery says whether r asks for the API's discovery documents (/api, /apis/<group>/<version>,
@@ -136,7 +165,7 @@ func isWriteMethod(m string) bool {
 
 // ServeHTTP forwards one request, or refuses it (partition), or answers it with an injected fault.
 func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithCancel(r.Context())
+	ctx, cancel := context.WithCancel(context.WithValue(r.Context(), arrivedKey{}, time.Now()))
 	defer cancel()
 	p.mu.Lock()
 	if p.partitioned {
@@ -175,30 +204,32 @@ func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // forward reports a write to the watcher and passes the request on to the API server.
 func (p *proxy) forward(w http.ResponseWriter, r *http.Request) {
 	if isWriteMethod(r.Method) && !isLease(r) && !strings.Contains(r.URL.Path, "/namespaces/"+LeaseNamespace+"/") && p.onWrite != nil {
-		p.onWrite(p.replica, r.Method, r.URL.Path)
+		arrived, _ := r.Context().Value(arrivedKey{}).(time.Time)
+		p.onWrite(sentWrite{replica: p.replica, method: r.Method, path: r.URL.Path, arrived: arrived})
 	}
 	p.rp.ServeHTTP(w, r)
 }
 
 // pickFault draws the fault of one request (p.mu held): an HTTP status to answer with, or a delay.
 func (p *proxy) pickFault(r *http.Request) (int, time.Duration) {
-	if isLease(r) || isWatch(r) || isDiscovery(r) {
+	if isLease(r) || isDiscovery(r) {
 		return 0, 0
 	}
 	f := p.faults
 	x := p.rng.Float64()
+	class := requestClass(r)
 	switch {
 	case x < f.Throttle:
-		p.counts.add(FaultThrottle)
+		p.counts.addRequest(FaultThrottle, class)
 		return http.StatusTooManyRequests, 0
 	case x < f.Throttle+f.ServerError:
-		p.counts.add(FaultServerError)
+		p.counts.addRequest(FaultServerError, class)
 		return http.StatusInternalServerError, 0
 	case x < f.Throttle+f.ServerError+f.Conflict && (r.Method == http.MethodPut || r.Method == http.MethodPatch):
-		p.counts.add(FaultConflict)
+		p.counts.addRequest(FaultConflict, class)
 		return http.StatusConflict, 0
 	case p.rng.Float64() < f.Delay && f.MaxDelay > 0:
-		p.counts.add(FaultDelay)
+		p.counts.addRequest(FaultDelay, class)
 		return 0, time.Duration(p.rng.Int64N(int64(f.MaxDelay))) + time.Millisecond
 	}
 	return 0, 0
@@ -310,6 +341,7 @@ type leaseBook struct {
 	identity map[string]string // replica → its leader election identity
 	holder   string            // replica
 	at       time.Time         // the holder's last Lease write
+	since    time.Time         // when holder last changed
 }
 
 func newLeaseBook() *leaseBook { return &leaseBook{identity: map[string]string{}} }
@@ -325,6 +357,9 @@ func (b *leaseBook) wrote(replica, holder string) {
 		return
 	}
 	b.identity[replica] = holder
+	if b.holder != replica {
+		b.since = time.Now()
+	}
 	b.holder, b.at = replica, time.Now()
 }
 
@@ -336,6 +371,13 @@ func (b *leaseBook) renewing(maxAge time.Duration) string {
 		return ""
 	}
 	return b.holder
+}
+
+// currentSince is the replica holding the Lease ("" when none) and since when.
+func (b *leaseBook) currentSince() (string, time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.holder, b.since
 }
 
 // current is the replica holding the Lease ("" when none).

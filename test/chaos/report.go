@@ -23,10 +23,15 @@ type Report struct {
 	// paused (Options.PhaseWindow); FaultSeconds how long the faults were on.
 	PhasesAfterPause map[string]int `json:"phasesAfterPause"`
 	FaultSeconds     float64        `json:"faultSeconds"`
+	// MixSeconds is FaultSeconds by fault mix (MixAll, MixSteadyLeader).
+	MixSeconds map[string]float64 `json:"mixSeconds"`
 	// Faults are the faults injected, by kind (FaultKinds).
 	Faults map[string]int `json:"faults"`
 	// FaultsByPhase are the faults by the phase of the round they fell in, then by kind.
 	FaultsByPhase map[string]map[string]int `json:"faultsByPhase"`
+	// RequestFaults are the request faults (429, 500, 409, delay) by kind, then by the class of the
+	// request they fell on: a watch as it opened, another read, or a write.
+	RequestFaults map[string]map[string]int `json:"requestFaults"`
 	// Checks are the invariant checks made, by invariant; Events the watch events seen.
 	Checks map[string]int `json:"checks"`
 	Events int            `json:"events"`
@@ -52,7 +57,8 @@ func (r *Report) Print(w io.Writer) {
 	p := func(format string, args ...any) { _, _ = fmt.Fprintf(w, format+"\n", args...) }
 	p("chaos report: seed %d, %d nodes x %d Modules (%d pairs), %d rounds under faults%s", r.Seed, r.Nodes, r.Modules, r.Pairs, r.Rounds,
 		map[bool]string{true: ", seeded bugs " + strings.Join(r.Bugs, ","), false: ""}[len(r.Bugs) > 0])
-	p("%d kube-apiserver instances behind a balancer; faults on for %.0f s", r.APIServers, r.FaultSeconds)
+	p("%d kube-apiserver instances behind a balancer; faults on for %.0f s (mix %q %.0f s, %q %.0f s)", r.APIServers, r.FaultSeconds,
+		MixAll, r.MixSeconds[MixAll], MixSteadyLeader, r.MixSeconds[MixSteadyLeader])
 	p("phases faulted and completed: load %d, upgrade %d, delete %d (of which converged only after the faults paused: %d, %d, %d)",
 		r.PhasesUnderFaults[PhaseLoad], r.PhasesUnderFaults[PhaseUpgrade], r.PhasesUnderFaults[PhaseDelete],
 		r.PhasesAfterPause[PhaseLoad], r.PhasesAfterPause[PhaseUpgrade], r.PhasesAfterPause[PhaseDelete])
@@ -68,6 +74,13 @@ func (r *Report) Print(w io.Writer) {
 			line += fmt.Sprintf(" %9d", r.FaultsByPhase[ph][k])
 		}
 		p("%s", line)
+	}
+	for _, k := range []string{FaultThrottle, FaultServerError, FaultConflict, FaultDelay} {
+		c := r.RequestFaults[k]
+		if len(c) == 0 {
+			continue
+		}
+		p("  %-18s on watch opens %d, other reads %d, writes %d", k, c[classWatch], c[classRead], c[classWrite])
 	}
 	for _, name := range sortedKeys(r.Downtime) {
 		d := r.Downtime[name]

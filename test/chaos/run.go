@@ -30,14 +30,7 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 	go h.stopAfterFaultTime(faultCtx, stopFaults)
 	var wg sync.WaitGroup
 	h.inject(faultCtx, &wg)
-	if h.o.StopOnViolation {
-		go func() {
-			for faultCtx.Err() == nil && !h.violated() {
-				time.Sleep(100 * time.Millisecond)
-			}
-			stopFaults()
-		}()
-	}
+	go h.stopEarly(faultCtx, stopFaults)
 	writes := map[string]int{}
 	rounds := 0
 	var phaseErr error
@@ -77,9 +70,14 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 	rep.FaultWrites = h.perPair(writes, max(rounds, 1))
 	rep.Faults = h.counts.snapshot()
 	rep.FaultsByPhase = h.counts.phases()
+	rep.RequestFaults = h.counts.classes()
 	rep.PhasesUnderFaults = h.phasesDone
 	rep.PhasesAfterPause = h.phasesPaused
 	rep.FaultSeconds = h.gate.onTime().Seconds()
+	rep.MixSeconds = map[string]float64{}
+	for mix, d := range h.gate.mixTimes() {
+		rep.MixSeconds[mix] = d.Seconds()
+	}
 	rep.APIServers = h.o.APIServers
 	rep.Checks, rep.Violations, rep.Events = h.watch.result()
 	rep.Downtime = h.downtimes()
@@ -88,6 +86,26 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 		rep.ReplicaStarts[r.name] = r.startCount()
 	}
 	return rep, phaseErr
+}
+
+// stopEarly ends the fault phase before Duration: once the aims settled (Options.AimSettle), or at
+// the first violation (Options.StopOnViolation).
+func (h *harness) stopEarly(ctx context.Context, stop context.CancelFunc) {
+	settle := h.aims != nil && h.o.AimSettle > 0
+	if !settle && !h.o.StopOnViolation {
+		return
+	}
+	for ; ctx.Err() == nil; time.Sleep(100 * time.Millisecond) {
+		if settle && h.aims.settledFor(h.o.AimSettle) {
+			h.sayf("every aim fired, nothing aimed for %v: faults stopped", h.o.AimSettle)
+			stop()
+			return
+		}
+		if h.o.StopOnViolation && h.violated() {
+			stop()
+			return
+		}
+	}
 }
 
 // waitLeader waits until a replica holds the Lease.
@@ -138,8 +156,8 @@ func (h *harness) faultWindow(underFaults bool) func() bool {
 	if !underFaults || h.o.PhaseWindow <= 0 {
 		return func() bool { return false }
 	}
-	h.setFaultsOn(true)
-	t := time.AfterFunc(h.o.PhaseWindow, func() { h.setFaultsOn(false) })
+	h.setFaultsOn(true, h.gate.nextMix(h.o.SteadyLeaderShare))
+	t := time.AfterFunc(h.o.PhaseWindow, func() { h.setFaultsOn(false, "") })
 	return func() bool { return !t.Stop() }
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/rest"
@@ -217,13 +218,15 @@ func (w *watcher) nmcEvent(nmc *kmmv1beta1.NodeModulesConfig) {
 }
 
 // write is a proxy's report of a write a replica sends: the replica must hold the Lease.
-func (w *watcher) write(replica, method, path string) {
-	holder := w.leases.current()
+func (w *watcher) write(s sentWrite) {
+	holder, since := w.leases.currentSince()
+	now := time.Now()
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.checks[invLeader]++
-	if holder != replica {
-		w.violate(invLeader, "replica %s sent %s %s while %q held the Lease", replica, method, path, holder)
+	if holder != s.replica {
+		w.violate(invLeader, "replica %s sent %s %s while %q held the Lease (for %v; the write reached the proxy %v ago)",
+			s.replica, s.method, s.path, holder, now.Sub(since).Round(time.Millisecond), now.Sub(s.arrived).Round(time.Millisecond))
 	}
 }
 
