@@ -22,7 +22,7 @@ import (
 )
 
 var (
-	duration    = flag.Duration("chaos.duration", 6*time.Minute, "how long faults are injected")
+	duration    = flag.Duration("chaos.duration", 6*time.Minute+30*time.Second, "how long faults are injected")
 	seed        = flag.Uint64("chaos.seed", 1, "seed of the fault points")
 	nodes       = flag.Int("chaos.nodes", 4, "simulated nodes")
 	modules     = flag.Int("chaos.modules", 1, "Modules")
@@ -30,8 +30,8 @@ var (
 	outDir      = flag.String("chaos.out", "", "directory for the logs and report.json (default: a temporary one)")
 	minFaults   = flag.String("chaos.min-faults", "", "minimum faults per kind, kind=n,... (default: defaultMinimums)")
 	lease       = flag.String("chaos.lease", "2s/1s/150ms", "the replicas' lease duration (whole seconds: the Lease records seconds), renew deadline and retry period")
-	intervals   = flag.String("chaos.intervals", "partition=100ms,apiserver-restart=250ms", "mean waits between faults of a kind, kind=duration,... (default: defaultIntervals)")
-	shares      = flag.String("chaos.shares", "http-429=0.2,http-500=0.2,http-409=0.5,delay=0.4", "request fault shares, kind=share,...")
+	intervals   = flag.String("chaos.intervals", "partition=100ms,apiserver-restart=500ms,manager-kill=2500ms", "mean waits between faults of a kind, kind=duration,... (default: defaultIntervals)")
+	shares      = flag.String("chaos.shares", "http-429=0.1,http-500=0.1,http-409=0.5,delay=0.4", "request fault shares, kind=share,...")
 	window      = flag.Duration("chaos.phase-window", 30*time.Second, "longest a phase is faulted before the faults pause until it converged (0: never pause)")
 	leaderKill  = flag.Float64("chaos.leader-kills", 0.2, "share of manager kills aimed at the Lease holder ")
 	steadyShare = flag.Float64("chaos.steady-share", 0.15, "share of the fault time with every fault but kills and partitions (the Lease stays put, so the leader's requests meet the request faults)")
