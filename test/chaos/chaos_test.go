@@ -69,9 +69,20 @@ func buildManager(t *testing.T, tags string) string {
 	return bin
 }
 
+// out is the directory for a run's logs: under -chaos.out, or a temporary one that is removed
+// only if the test passed (a failed run's logs are what explains it; the path is in the failure).
 func out(t *testing.T) string {
 	if *outDir == "" {
-		return t.TempDir()
+		dir, err := os.MkdirTemp("", "kmm-chaos-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if !t.Failed() {
+				_ = os.RemoveAll(dir)
+			}
+		})
+		return dir
 	}
 	dir := filepath.Join(*outDir, t.Name())
 	if err := os.MkdirAll(dir, 0o755); err != nil {
