@@ -6,8 +6,10 @@ import (
 	"os"
 	"testing"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/test/agent"
@@ -23,6 +25,9 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	// The controllers' logs are not what these tests look at (outcomes are): without a logger,
+	// controller-runtime prints "SetLogger was never called" with a stack trace under -v.
+	ctrllog.SetLogger(logr.Discard())
 	c, err := testbed.Start()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
