@@ -18,7 +18,9 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 	}
 	if h.o.Baseline {
 		h.sayf("fault-free round")
-		w, secs, err := h.round(ctx, nil)
+		baseCtx, cancel := context.WithTimeout(ctx, h.o.ConvergeTimeout) // about 6 s without faults
+		w, secs, err := h.round(baseCtx, nil)
+		cancel()
 		if err != nil {
 			return rep, fmt.Errorf("the fault-free round: %w", err)
 		}

@@ -94,7 +94,7 @@ func (h *harness) act(ctx context.Context, phase string) error {
 			err := h.retry(ctx, "creating a Module", func(ctx context.Context) error {
 				err := h.k8s.Create(ctx, module(i))
 				if apierrors.IsAlreadyExists(err) {
-					return nil
+					return h.notTerminating(ctx, moduleName(i))
 				}
 				return err
 			})
@@ -120,6 +120,21 @@ func (h *harness) act(ctx context.Context, phase string) error {
 				return err
 			}
 		}
+	}
+	return nil
+}
+
+// notTerminating says whether the Module that already exists is the one a retried create made; an
+// error (so that the create is retried) while it is the last round's, which the operator has not
+// released yet.
+func (h *harness) notTerminating(ctx context.Context, name string) error {
+	m := &kmmv1beta1.Module{}
+	if err := h.k8s.Get(ctx, client.ObjectKey{Namespace: Namespace, Name: name}, m); err != nil {
+		return err
+	}
+	if !m.DeletionTimestamp.IsZero() {
+		h.sayf("load: %s from the last round is still being deleted: the create waits", name)
+		return fmt.Errorf("module %s is still being deleted", name)
 	}
 	return nil
 }
@@ -244,6 +259,13 @@ func (h *harness) unconverged(ctx context.Context, phase string) ([]string, erro
 			out = append(out, "workload pod "+p.Name+" not drained")
 		}
 	}
+	if phase == PhaseDelete {
+		left, err := h.modulesLeft(ctx)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, left...)
+	}
 	nodes := &corev1.NodeList{}
 	if err := h.k8s.List(ctx, nodes); err != nil {
 		return nil, err
@@ -254,6 +276,21 @@ func (h *harness) unconverged(ctx context.Context, phase string) ([]string, erro
 		}
 	}
 	sort.Strings(out)
+	return out, nil
+}
+
+// modulesLeft lists the Modules not gone yet: a deletion has converged only once the operator
+// released each Module (its finalizer goes after the last node's status entry), or the next
+// round's create would find the old Module.
+func (h *harness) modulesLeft(ctx context.Context) ([]string, error) {
+	modules := &kmmv1beta1.ModuleList{}
+	if err := h.k8s.List(ctx, modules, client.InNamespace(Namespace)); err != nil {
+		return nil, err
+	}
+	out := make([]string, 0, len(modules.Items))
+	for _, m := range modules.Items {
+		out = append(out, fmt.Sprintf("Module %s not released (finalizers %v)", m.Name, m.Finalizers))
+	}
 	return out, nil
 }
 
