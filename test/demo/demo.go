@@ -175,9 +175,24 @@ func (d *demo) startOperator(ctx context.Context) error {
 		return err
 	}
 	d.k8s = mgr.GetClient()
-	go func() { _ = mgr.Start(ctx) }()
+	exited := make(chan error, 1)
+	go func() { exited <- mgr.Start(ctx) }()
 	check := mgr.GetWebhookServer().StartedChecker()
-	return d.waitFor(ctx, "the operator's webhook to serve", func() (bool, string) { return check(nil) == nil, "" })
+	ended, startErr := false, error(nil)
+	err = d.waitFor(ctx, "the operator's webhook to serve", func() (bool, string) {
+		select {
+		case startErr = <-exited:
+			ended = true
+			return true, ""
+		default:
+			err := check(nil)
+			return err == nil, fmt.Sprint(err)
+		}
+	})
+	if err == nil && ended { // the manager ended before its webhook served: say why
+		err = fmt.Errorf("the operator ended before its webhook served: %v", startErr)
+	}
+	return err
 }
 
 func (d *demo) sayf(format string, args ...any) {
