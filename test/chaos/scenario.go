@@ -247,18 +247,11 @@ func (h *harness) unconverged(ctx context.Context, phase string) ([]string, erro
 			}
 		}
 	}
-	pods := &corev1.PodList{}
-	if err := h.k8s.List(ctx, pods, client.InNamespace(Namespace)); err != nil {
+	left, err := h.podsLeft(ctx, phase)
+	if err != nil {
 		return nil, err
 	}
-	for _, p := range pods.Items {
-		switch {
-		case p.Labels[contract.LabelWorker] == "true":
-			out = append(out, "worker pod "+p.Name+" left")
-		case p.Labels[usesLabel] != "" && phase == PhaseUpgrade:
-			out = append(out, "workload pod "+p.Name+" not drained")
-		}
-	}
+	out = append(out, left...)
 	if phase == PhaseDelete {
 		left, err := h.modulesLeft(ctx)
 		if err != nil {
@@ -276,6 +269,25 @@ func (h *harness) unconverged(ctx context.Context, phase string) ([]string, erro
 		}
 	}
 	sort.Strings(out)
+	return out, nil
+}
+
+// podsLeft lists the worker pods left, and after an upgrade the workload pods its drain has not
+// removed.
+func (h *harness) podsLeft(ctx context.Context, phase string) ([]string, error) {
+	pods := &corev1.PodList{}
+	if err := h.k8s.List(ctx, pods, client.InNamespace(Namespace)); err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, p := range pods.Items {
+		switch {
+		case p.Labels[contract.LabelWorker] == "true":
+			out = append(out, "worker pod "+p.Name+" left")
+		case p.Labels[usesLabel] != "" && phase == PhaseUpgrade:
+			out = append(out, "workload pod "+p.Name+" not drained")
+		}
+	}
 	return out, nil
 }
 
