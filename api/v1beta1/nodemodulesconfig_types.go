@@ -36,6 +36,12 @@ const MaxTransitionLog = 16
 
 // ModuleConfig is everything a worker needs to load or unload one module on one node. The Module→NMC
 // controller resolves it from the Module and the node's kernel; the worker receives it as its config file.
+//
+// It is atomic for server-side apply: each config has one writer (its Module's field manager in
+// spec, the NMC controller in status) and is always written whole, so managedFields name the
+// config, not each of its fields (docs/performance.md, "managedFields").
+//
+// +structType=atomic
 type ModuleConfig struct {
 	// KernelVersion is the node kernel this config was resolved for.
 	// +kubebuilder:validation:MinLength=1
@@ -220,11 +226,11 @@ type DrainStatus struct {
 
 // NodeModulesConfigStatus is what is true on the node.
 type NodeModulesConfigStatus struct {
-	// Modules known on the node, one entry per Module.
+	// Modules known on the node, one entry per Module (namespace and name unique; the NMC
+	// controller, the status's only writer, keeps them so). Atomic: the NMC controller writes the
+	// list whole, so managedFields hold one entry for it, not one per field of every Module.
 	// +optional
-	// +listType=map
-	// +listMapKey=namespace
-	// +listMapKey=name
+	// +listType=atomic
 	Modules []NodeModuleStatus `json:"modules,omitempty"`
 }
 

@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlenvtest "sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -44,37 +45,11 @@ func upstreamNMC() *unstructured.Unstructured {
 // types: the API server prunes on read whatever the served schema lacks, so every field kmm adopts
 // from must be in kmm's schema.
 func TestCRDSwitchKeepsUpstreamFields(t *testing.T) {
-	root, err := envtest.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	assets, err := envtest.AssetsDir(root)
-	if err != nil {
-		t.Fatal(err) // `make test` builds the control plane into bin/ first
-	}
-	env := &ctrlenvtest.Environment{BinaryAssetsDirectory: assets}
-	cfg, err := env.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
+	cfg, root := startAPIServer(t)
 	ctx := context.Background()
-
-	install := func(path string) {
-		t.Helper()
-		if _, err := ctrlenvtest.InstallCRDs(cfg, ctrlenvtest.CRDInstallOptions{Paths: []string{path}, ErrorIfPathMissing: true}); err != nil {
-			t.Fatalf("installing %s: %v", path, err)
-		}
-	}
+	install := func(path string) { installCRD(t, cfg, path) }
 	install(filepath.Join("testdata", "upstream-nmc-crd.yaml"))
-	scheme := runtime.NewScheme()
-	if err := kmmv1beta1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := newClient(t, cfg)
 	u := upstreamNMC()
 	status := u.Object["status"]
 	if err := c.Create(ctx, u, client.FieldOwner("kmm")); err != nil {
@@ -109,4 +84,46 @@ func TestCRDSwitchKeepsUpstreamFields(t *testing.T) {
 	if spec.Version != "v1" || spec.ServiceAccountName != "nic-sa" || len(spec.Tolerations) != 1 || len(st.Tolerations) != 1 {
 		t.Errorf("spec entry after the switch: version %q serviceAccountName %q tolerations %v / %v", spec.Version, spec.ServiceAccountName, spec.Tolerations, st.Tolerations)
 	}
+}
+
+// startAPIServer starts kube-apiserver and etcd with no CRD installed and returns its config and
+// the repository root.
+func startAPIServer(t *testing.T) (*rest.Config, string) {
+	t.Helper()
+	root, err := envtest.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	assets, err := envtest.AssetsDir(root)
+	if err != nil {
+		t.Fatal(err) // `make test` builds the control plane into bin/ first
+	}
+	env := &ctrlenvtest.Environment{BinaryAssetsDirectory: assets}
+	cfg, err := env.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Stop() })
+	return cfg, root
+}
+
+// installCRD installs (or replaces) the CRDs of a file and waits until they are served.
+func installCRD(t *testing.T, cfg *rest.Config, path string) {
+	t.Helper()
+	if _, err := ctrlenvtest.InstallCRDs(cfg, ctrlenvtest.CRDInstallOptions{Paths: []string{path}, ErrorIfPathMissing: true}); err != nil {
+		t.Fatalf("installing %s: %v", path, err)
+	}
+}
+
+func newClient(t *testing.T, cfg *rest.Config) client.Client {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	if err := kmmv1beta1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
