@@ -98,24 +98,24 @@ func TestAgainstTheOperator(t *testing.T) {
 	if err := k8s.Create(ctx, broken); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "drivers/accel to back off on every node", func() bool {
-		out, err := kmm(t, "status", "drivers/accel", "--kubeconfig", kubeconfig)
-		return err == nil && strings.Count(out, "LoadBackOff") == 3 && strings.Contains(out, "Degraded WorkerFailing")
+	// One table must show all three: the first back-off is short, so a second call may already see
+	// a retry (Loading) on a busy machine.
+	poll.Until(t, 60*time.Second, 100*time.Millisecond, func() (bool, string) {
+		o, err := kmm(t, "status", "--kubeconfig", kubeconfig, "--width", "100")
+		return err == nil && backOffRows(o) == 3 && strings.Contains(o, "Degraded WorkerFailing"),
+			fmt.Sprintf("3 rows of drivers/accel in LoadBackOff for an image pull and Degraded WorkerFailing (error %v):\n%s", err, o)
 	})
-	out, err = kmm(t, "status", "--kubeconfig", kubeconfig, "--width", "100")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("kubectl kmm status with a failing Module:\n%s", out)
+}
+
+// backOffRows counts the rows of drivers/accel in LoadBackOff for an image pull.
+func backOffRows(out string) int {
 	n := 0
 	for _, l := range strings.Split(out, "\n") {
 		if strings.Contains(l, " drivers/accel  LoadBackOff ") && strings.Contains(l, "ImagePull: pulling reg.example") {
 			n++
 		}
 	}
-	if n != 3 {
-		t.Errorf("%d rows of drivers/accel say LoadBackOff with ImagePull, want 3:\n%s", n, out)
-	}
+	return n
 }
 
 // checkStatusTable asserts one Loaded row of drivers/nic per node under the summary.
