@@ -77,9 +77,24 @@ func (r *Result) PrintTable(w io.Writer) {
 		_, _ = fmt.Fprintf(w, "operator writes per pair, %s: %.2f in all (Events included): %s\n", p.Name, p.WritesPerPair, perPair(p.WritesPerPairByKind))
 		_, _ = fmt.Fprintf(w, "mean request body bytes, %s (all clients): %s\n", p.Name, perPair(p.BodyBytesPerWrite))
 		_, _ = fmt.Fprintf(w, "harness+agent requests, %s: %s\n", p.Name, p.HarnessRequests.writesOnly())
-		_, _ = fmt.Fprintf(w, "CPU seconds, %s: operator %.1f, kube-apiserver %.1f, etcd %.1f, harness+agent %.1f\n", p.Name,
-			p.CPUSeconds, p.OtherCPUSeconds["kube-apiserver"], p.OtherCPUSeconds["etcd"], p.OtherCPUSeconds["harness+agent"])
+		_, _ = fmt.Fprintf(w, "CPU seconds, %s: operator %.1f, kube-apiserver %.1f, etcd %.1f, harness+agent %.1f; %.2f of %d cores busy\n", p.Name,
+			p.CPUSeconds, p.OtherCPUSeconds["kube-apiserver"], p.OtherCPUSeconds["etcd"], p.OtherCPUSeconds["harness+agent"],
+			p.CoresBusy(), r.Machine.CPUs)
 	}
+}
+
+// CoresBusy is the CPU time of every process of the phase (operator, kube-apiserver, etcd,
+// harness and agent) over its settled wall time: at the machine's core count the phase was bound
+// by CPU, and its time follows the work asked of the control plane rather than any wait in kmm.
+func (p *Phase) CoresBusy() float64 {
+	if p.SettledSeconds <= 0 {
+		return 0
+	}
+	total := p.CPUSeconds
+	for _, s := range p.OtherCPUSeconds {
+		total += s
+	}
+	return total / p.SettledSeconds
 }
 
 // perPair lists per-pair (or per-request) figures, largest first, with two decimals.
