@@ -61,7 +61,7 @@ func fieldsOf(ctx context.Context, c client.Client, name string) (map[string]str
 	out := map[string]string{}
 	for _, mf := range nmc.ManagedFields {
 		if mf.FieldsV1 != nil {
-			out[mf.Manager] = string(mf.FieldsV1.Raw)
+			out[mf.Manager] = mf.FieldsV1.GetRawString()
 		}
 	}
 	return out, nmc, nil
