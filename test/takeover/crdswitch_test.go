@@ -4,6 +4,7 @@ import (
 	"context"
 	"path/filepath"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -98,7 +99,7 @@ func startAPIServer(t *testing.T) (*rest.Config, string) {
 	if err != nil {
 		t.Fatal(err) // `make test` builds the control plane into bin/ first
 	}
-	env := &ctrlenvtest.Environment{BinaryAssetsDirectory: assets}
+	env := &ctrlenvtest.Environment{BinaryAssetsDirectory: assets, ControlPlaneStartTimeout: 4 * time.Minute}
 	cfg, err := env.Start()
 	if err != nil {
 		t.Fatal(err)

@@ -5,59 +5,31 @@ import (
 	"encoding/json"
 	"path/filepath"
 	"testing"
-	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	ctrlenvtest "sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
-	"github.com/kmm-project/kmm/test/envtest"
 )
 
 // TestUpstreamOwnershipBreaksApplyRemoval reproduces the 422 of issue 18 with the managedFields the
 // API server itself records for upstream KMM's write (manager "manager", an Update, under upstream's
 // schema where spec.modules is a plain list: it owns spec.modules as one field), then kmm's CRD:
-// a per-Module server-side apply of the entry succeeds (forced) but leaves upstream's leftovers, and
+// a per-Module server-side apply of the entry succeeds (forced) but leaves upstream's leftovers beside
+// the config (the config itself is atomic: replaced whole), and
 // applying no entry, the removal, is refused with "spec.modules ... must be of type array" (the list
 // would go to null). That is why kmm removes and rewrites the entries of such an NMC with a JSON
 // merge patch that replaces spec.modules whole and drops the foreign managedFields
 // (controllers/takeover.go, takeOver; controllers/takeover_test.go runs it end to end with this
 // ownership): the second half checks that, after such a patch, apply and removal work.
 func TestUpstreamOwnershipBreaksApplyRemoval(t *testing.T) {
-	root, err := envtest.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	assets, err := envtest.AssetsDir(root)
-	if err != nil {
-		t.Fatal(err) // `make test` builds the control plane into bin/ first
-	}
-	env := &ctrlenvtest.Environment{BinaryAssetsDirectory: assets, ControlPlaneStartTimeout: 4 * time.Minute}
-	cfg, err := env.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
+	cfg, root := startAPIServer(t)
 	ctx := context.Background()
-	install := func(path string) {
-		t.Helper()
-		if _, err := ctrlenvtest.InstallCRDs(cfg, ctrlenvtest.CRDInstallOptions{Paths: []string{path}, ErrorIfPathMissing: true}); err != nil {
-			t.Fatalf("installing %s: %v", path, err)
-		}
-	}
+	install := func(path string) { installCRD(t, cfg, path) }
 	install(filepath.Join("testdata", "upstream-nmc-crd.yaml"))
-	scheme := runtime.NewScheme()
-	if err := kmmv1beta1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := newClient(t, cfg)
 	if err := c.Create(ctx, upstreamNMC(), client.FieldOwner("manager")); err != nil {
 		t.Fatal(err)
 	}
@@ -85,10 +57,12 @@ func TestUpstreamOwnershipBreaksApplyRemoval(t *testing.T) {
 	if err := apply(entry); err != nil {
 		t.Fatalf("applying kmm's entry over upstream's ownership: %v", err)
 	}
-	if e := get().SpecEntry("drivers", "nic"); e == nil || len(e.Tolerations) == 0 || !e.Config.InsecurePull {
-		t.Errorf("the apply was expected to leave upstream's leftovers (no one owns them): %+v", e)
+	// Upstream's leftovers beside the config stay (no one owns them); the config is atomic, so the
+	// apply replaced it whole and upstream's insecurePull went with it.
+	if e := get().SpecEntry("drivers", "nic"); e == nil || len(e.Tolerations) == 0 || e.Config.InsecurePull {
+		t.Errorf("the apply was expected to leave upstream's tolerations and replace its config: %+v", e)
 	}
-	err = apply()
+	err := apply()
 	if !apierrors.IsInvalid(err) {
 		t.Fatalf("removing the entry by apply: %v, want the 422 the issue reports", err)
 	}
