@@ -48,8 +48,7 @@ func upstreamNMC() *unstructured.Unstructured {
 func TestCRDSwitchKeepsUpstreamFields(t *testing.T) {
 	cfg, root := startAPIServer(t)
 	ctx := context.Background()
-	install := func(path string) { installCRD(t, cfg, path) }
-	install(filepath.Join("testdata", "upstream-nmc-crd.yaml"))
+	installCRD(t, cfg, filepath.Join("testdata", "upstream-nmc-crd.yaml"))
 	c := newClient(t, cfg)
 	u := upstreamNMC()
 	status := u.Object["status"]
@@ -61,7 +60,7 @@ func TestCRDSwitchKeepsUpstreamFields(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	install(filepath.Join(root, "config", "crd", "bases", "kmm.sigs.x-k8s.io_nodemodulesconfigs.yaml"))
+	installCRD(t, cfg, filepath.Join(root, "config", "crd", "bases", "kmm.sigs.x-k8s.io_nodemodulesconfigs.yaml"))
 	got := &kmmv1beta1.NodeModulesConfig{}
 	if err := c.Get(ctx, client.ObjectKey{Name: "node-1"}, got); err != nil {
 		t.Fatal(err)

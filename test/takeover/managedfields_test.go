@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/test/poll"
 )
 
 // applyEntry applies one Module's spec entry (image "": none) to an NMC as the Module→NMC
@@ -33,7 +34,8 @@ func applyEntry(ctx context.Context, c client.Client, nmc, module, image string)
 	return c.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner("kmm-module/drivers/"+module), client.ForceOwnership)
 }
 
-// writeStatus replaces the NMC's status with one Loaded entry per module, as the NMC controller does.
+// writeStatus replaces the NMC's status with an entry, in the given state, for each spec entry
+// named in states: the whole list in one update, as the NMC controller writes it.
 func writeStatus(ctx context.Context, c client.Client, name string, states map[string]kmmv1beta1.ModuleState) error {
 	nmc := &kmmv1beta1.NodeModulesConfig{}
 	if err := c.Get(ctx, client.ObjectKey{Name: name}, nmc); err != nil {
@@ -106,10 +108,10 @@ func TestNMCSchemaUpgradeToAtomicConfigAndStatus(t *testing.T) {
 	installCRD(t, cfg, filepath.Join(root, "config", "crd", "bases", "kmm.sigs.x-k8s.io_nodemodulesconfigs.yaml"))
 	// The API server serves the new schema shortly after the CRD is updated: wait for an NMC
 	// written under it to be compact.
-	var fresh map[string]string
-	deadline := time.Now().Add(30 * time.Second)
-	for i := 0; ; i++ {
+	i := 0
+	poll.Until(t, 30*time.Second, 200*time.Millisecond, func() (bool, string) {
 		name := fmt.Sprintf("node-new-%d", i)
+		i++
 		err := applyEntry(ctx, c, name, "nic", "reg.example.com/nic:v1")
 		if err == nil {
 			err = writeStatus(ctx, c, name, map[string]kmmv1beta1.ModuleState{"nic": kmmv1beta1.StateLoaded})
@@ -117,17 +119,13 @@ func TestNMCSchemaUpgradeToAtomicConfigAndStatus(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if fresh, _, err = fieldsOf(ctx, c, name); err != nil {
+		fresh, _, err := fieldsOf(ctx, c, name)
+		if err != nil {
 			t.Fatal(err)
 		}
-		if compactFields(fresh) == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("an NMC written under the new schema: %v", compactFields(fresh))
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		why := compactFields(fresh)
+		return why == nil, fmt.Sprintf("an NMC written under the new schema: %v", why)
+	})
 
 	// The NMC of the old schema: a config changes, a Module's entry goes, status follows.
 	if err := applyEntry(ctx, c, "node-old", "nic", "reg.example.com/nic:v2"); err != nil {

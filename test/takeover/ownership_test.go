@@ -27,13 +27,12 @@ import (
 func TestUpstreamOwnershipBreaksApplyRemoval(t *testing.T) {
 	cfg, root := startAPIServer(t)
 	ctx := context.Background()
-	install := func(path string) { installCRD(t, cfg, path) }
-	install(filepath.Join("testdata", "upstream-nmc-crd.yaml"))
+	installCRD(t, cfg, filepath.Join("testdata", "upstream-nmc-crd.yaml"))
 	c := newClient(t, cfg)
 	if err := c.Create(ctx, upstreamNMC(), client.FieldOwner("manager")); err != nil {
 		t.Fatal(err)
 	}
-	install(filepath.Join(root, "config", "crd", "bases", "kmm.sigs.x-k8s.io_nodemodulesconfigs.yaml"))
+	installCRD(t, cfg, filepath.Join(root, "config", "crd", "bases", "kmm.sigs.x-k8s.io_nodemodulesconfigs.yaml"))
 
 	entry := map[string]any{"name": "nic", "namespace": "drivers", "serviceAccountName": "nic-sa",
 		"config": map[string]any{"kernelVersion": "6.1.0-13-amd64", "containerImage": "reg.example.com/nic:6.1", "modprobe": map[string]any{"moduleName": "nic"}}}
