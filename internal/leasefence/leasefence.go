@@ -11,6 +11,12 @@
 // so every write the fence lets through leaves the replica at least leaseDuration − renewDeadline
 // before any other replica can lead: the margin for the request to reach the API server.
 //
+// A release (the Lease written with no holder, which controller-runtime's ReleaseOnCancel does on
+// shutdown and when a renewal fails) lets another replica lead at once, so that margin does not
+// hold for it: the fence closes, then the release waits until every write it let through has been
+// answered. The wait is bounded by the release's context (client-go gives it the renew deadline);
+// when that ends first the release is not sent, and the Lease expires as it would without one.
+//
 // Reads are never fenced, nor are the writes every replica makes whether it leads or not: the
 // Lease itself, the webhook's serving certificate (its Secret and the webhook configurations'
 // caBundle, kept by every replica) and the TokenReviews and SubjectAccessReviews of the metrics
@@ -49,7 +55,9 @@ type Fence struct {
 	now           func() time.Time
 
 	mu        sync.Mutex
-	openUntil time.Time // zero: closed
+	openUntil time.Time     // zero: closed
+	inFlight  int           // writes let through and not answered yet
+	idle      chan struct{} // closed when inFlight drops to 0 (nil: nobody waits)
 }
 
 // New is a closed fence whose renewals keep it open for renewDeadline (the leader election's
@@ -66,6 +74,48 @@ func (f *Fence) Open() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.now().Before(f.openUntil)
+}
+
+// admit counts a write in flight if the fence is open, and says whether it is.
+func (f *Fence) admit() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.now().Before(f.openUntil) {
+		return false
+	}
+	f.inFlight++
+	return true
+}
+
+// answered records that a write admit let through has its answer (or its error).
+func (f *Fence) answered() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.inFlight--
+	if f.inFlight == 0 && f.idle != nil {
+		close(f.idle)
+		f.idle = nil
+	}
+}
+
+// settled waits until every write the fence let through has been answered, or ctx ends.
+func (f *Fence) settled(ctx context.Context) error {
+	f.mu.Lock()
+	if f.inFlight == 0 {
+		f.mu.Unlock()
+		return nil
+	}
+	if f.idle == nil {
+		f.idle = make(chan struct{})
+	}
+	idle, n := f.idle, f.inFlight
+	f.mu.Unlock()
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("leasefence: Lease not released: %d writes still unanswered: %w", n, ctx.Err())
+	}
 }
 
 // renewed records a Lease write for this replica that succeeded and started at start.
@@ -106,19 +156,23 @@ func (l *fencedLock) Get(ctx context.Context) (*resourcelock.LeaderElectionRecor
 }
 
 func (l *fencedLock) Create(ctx context.Context, rec resourcelock.LeaderElectionRecord) error {
-	return l.write(rec, func() error { return l.Interface.Create(ctx, rec) })
+	return l.write(ctx, rec, func() error { return l.Interface.Create(ctx, rec) })
 }
 
 func (l *fencedLock) Update(ctx context.Context, rec resourcelock.LeaderElectionRecord) error {
-	return l.write(rec, func() error { return l.Interface.Update(ctx, rec) })
+	return l.write(ctx, rec, func() error { return l.Interface.Update(ctx, rec) })
 }
 
 // write runs a Lease write and moves the fence by its outcome; the renewal counts from before the
-// request was sent, never from its answer.
-func (l *fencedLock) write(rec resourcelock.LeaderElectionRecord, send func() error) error {
+// request was sent, never from its answer. A release is sent only once the fence is closed and
+// every write it let through has been answered.
+func (l *fencedLock) write(ctx context.Context, rec resourcelock.LeaderElectionRecord, send func() error) error {
 	start := l.fence.now()
 	if rec.HolderIdentity != l.Identity() {
 		l.fence.close()
+		if err := l.fence.settled(ctx); err != nil {
+			return err
+		}
 		return send()
 	}
 	err := send()
@@ -129,7 +183,8 @@ func (l *fencedLock) write(rec resourcelock.LeaderElectionRecord, send func() er
 }
 
 // Wrap is a transport wrapper (rest.Config.Wrap) that refuses a fenced write while the fence is
-// closed, with ErrFenced, before it reaches the network.
+// closed, with ErrFenced, before it reaches the network, and counts the writes it lets through
+// until they are answered (a release waits for them).
 func (f *Fence) Wrap(rt http.RoundTripper) http.RoundTripper {
 	return roundTripper{next: rt, fence: f}
 }
@@ -143,9 +198,13 @@ type roundTripper struct {
 func (t roundTripper) WrappedRoundTripper() http.RoundTripper { return t.next }
 
 func (t roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
-	if Fenced(req.Method, req.URL.Path) && !t.fence.Open() {
+	if !Fenced(req.Method, req.URL.Path) {
+		return t.next.RoundTrip(req)
+	}
+	if !t.fence.admit() {
 		return nil, fmt.Errorf("%s %s: %w", req.Method, req.URL.Path, ErrFenced)
 	}
+	defer t.fence.answered()
 	return t.next.RoundTrip(req)
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"testing"
 	"time"
 
@@ -235,5 +236,135 @@ func TestWrapRefusesFencedWritesOnly(t *testing.T) {
 	}
 	if want := 3; len(reached) != want {
 		t.Fatalf("requests that reached the server: %v, want %d", reached, want)
+	}
+}
+
+// orderLog is the order in which a held write and a release happened, across goroutines.
+type orderLog struct {
+	mu     sync.Mutex
+	events []string
+}
+
+func (o *orderLog) add(e string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.events = append(o.events, e)
+}
+
+func (o *orderLog) list() []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return append([]string(nil), o.events...)
+}
+
+// releaseLoggingLock logs the release (a write with no holder) as it reaches the Lease.
+type releaseLoggingLock struct {
+	resourcelock.Interface
+	log *orderLog
+}
+
+func (l *releaseLoggingLock) Update(ctx context.Context, rec resourcelock.LeaderElectionRecord) error {
+	if rec.HolderIdentity == "" {
+		l.log.add("release")
+	}
+	return l.Interface.Update(ctx, rec)
+}
+
+// releaseDuringAWrite makes replica a lead, sends one write through the fence and has the server
+// hold it while the Lease is released with a context of releaseTimeout; the server answers the
+// write after hold (or once the release returned, if sooner). It returns the order in which the
+// write was answered and the release reached the Lease, the release's error and the Lease's holder.
+func releaseDuringAWrite(t *testing.T, lockOf func(*Fence, resourcelock.Interface) resourcelock.Interface,
+	releaseTimeout, hold time.Duration) releaseOutcome {
+	t.Helper()
+	log := &orderLog{}
+	arrived, answer := make(chan struct{}), make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+		close(arrived)
+		<-answer
+		log.add("write answered")
+	}))
+	defer srv.Close()
+	c := &clock{t: time.Unix(1000, 0)}
+	f := New(renewDeadline, c.now)
+	inner := &memLock{id: "a", clock: c}
+	lock := lockOf(f, &releaseLoggingLock{Interface: inner, log: log})
+	if err := inner.renew(lock); err != nil {
+		t.Fatal(err)
+	}
+	client := &http.Client{Transport: f.Wrap(http.DefaultTransport)}
+	wrote := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodPatch, srv.URL+"/api/v1/nodes/node-01", nil)
+		resp, err := client.Do(req)
+		if err == nil {
+			_ = resp.Body.Close()
+		}
+		wrote <- err
+	}()
+	<-arrived
+	released := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+		defer cancel()
+		released <- lock.Update(ctx, resourcelock.LeaderElectionRecord{})
+	}()
+	var relErr error
+	select {
+	case relErr = <-released:
+		close(answer)
+	case <-time.After(hold):
+		close(answer)
+		relErr = <-released
+	}
+	if err := <-wrote; err != nil {
+		t.Fatalf("the held write: %v", err)
+	}
+	return releaseOutcome{order: fmt.Sprint(log.list()), err: relErr, holder: inner.rec.HolderIdentity}
+}
+
+// releaseOutcome is what releaseDuringAWrite saw.
+type releaseOutcome struct {
+	order  string // the write's answer and the release, in the order they happened
+	err    error  // the release's
+	holder string // the Lease's, after the release
+}
+
+// TestAReleaseWaitsForTheWritesInFlight: a release lets another replica lead at once, so it must
+// reach the Lease only after every write the fence let through was answered; when its context
+// ends first it is not sent, and the Lease stays with the replica until it expires.
+func TestAReleaseWaitsForTheWritesInFlight(t *testing.T) {
+	got := releaseDuringAWrite(t, (*Fence).Lock, time.Minute, 200*time.Millisecond)
+	if got.err != nil || got.order != "[write answered release]" || got.holder != "" {
+		t.Fatalf("release with a write in flight: %+v; want the write answered first, then the release", got)
+	}
+	got = releaseDuringAWrite(t, (*Fence).Lock, 50*time.Millisecond, time.Minute)
+	if got.err == nil || got.order != "[write answered]" || got.holder != "a" {
+		t.Fatalf("release whose context ends before the write is answered: %+v; want no release sent, an error, the Lease still a's", got)
+	}
+}
+
+// releaseAtOnceLock is the seeded fault: it closes the fence and releases the Lease without
+// waiting for the writes in flight.
+type releaseAtOnceLock struct {
+	resourcelock.Interface
+	fence *Fence
+}
+
+func (l *releaseAtOnceLock) Update(ctx context.Context, rec resourcelock.LeaderElectionRecord) error {
+	if rec.HolderIdentity == l.Identity() {
+		return l.fence.Lock(l.Interface).Update(ctx, rec)
+	}
+	l.fence.close()
+	return l.Interface.Update(ctx, rec)
+}
+
+// TestTheReleaseOrderCatchesAReleaseThatDoesNotWait shows the test above can fail.
+func TestTheReleaseOrderCatchesAReleaseThatDoesNotWait(t *testing.T) {
+	faulty := func(f *Fence, inner resourcelock.Interface) resourcelock.Interface {
+		return &releaseAtOnceLock{Interface: inner, fence: f}
+	}
+	if got := releaseDuringAWrite(t, faulty, time.Minute, 5*time.Second); got.order != "[release write answered]" {
+		t.Fatalf("the seeded fault (release without waiting) was not caught: %+v", got)
 	}
 }

@@ -352,7 +352,7 @@ func (b *leaseBook) wrote(replica, holder string) {
 	defer b.mu.Unlock()
 	if holder == "" {
 		if b.holder == replica {
-			b.holder = "" // released
+			b.holder, b.since = "", time.Now() // released
 		}
 		return
 	}
