@@ -15,6 +15,7 @@ import (
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/contract"
+	"github.com/kmm-project/kmm/controllers"
 )
 
 // The phases of a round.
@@ -228,7 +229,7 @@ func (h *harness) waitConverged(ctx context.Context, phase string) error {
 
 // unconverged lists what still differs from the end state of phase: pairs not Loaded with the
 // phase's image (or not Absent after the deletion), worker pods left, cordoned nodes, workload
-// pods the drain has not removed.
+// pods the drain has not removed, device plugins not running.
 func (h *harness) unconverged(ctx context.Context, phase string) ([]string, error) {
 	var out []string
 	nmcs := &kmmv1beta1.NodeModulesConfigList{}
@@ -247,7 +248,7 @@ func (h *harness) unconverged(ctx context.Context, phase string) ([]string, erro
 			}
 		}
 	}
-	left, err := h.podsLeft(ctx, phase)
+	left, err := h.podsLeft(ctx, phase, version)
 	if err != nil {
 		return nil, err
 	}
@@ -272,20 +273,40 @@ func (h *harness) unconverged(ctx context.Context, phase string) ([]string, erro
 	return out, nil
 }
 
-// podsLeft lists the worker pods left, and after an upgrade the workload pods its drain has not
-// removed.
-func (h *harness) podsLeft(ctx context.Context, phase string) ([]string, error) {
+// podsLeft lists the worker pods left, after an upgrade the workload pods its drain has not
+// removed, and after a load or an upgrade the nodes where a Module's device plugin of the phase's
+// version does not run yet (a Module with a device plugin is in place on a node only once it runs;
+// the next phase, a deletion for one, must find it there).
+func (h *harness) podsLeft(ctx context.Context, phase, version string) ([]string, error) {
 	pods := &corev1.PodList{}
 	if err := h.k8s.List(ctx, pods, client.InNamespace(Namespace)); err != nil {
 		return nil, err
 	}
 	var out []string
+	running := map[string]bool{} // node/DaemonSet of the device plugin pods running
 	for _, p := range pods.Items {
 		switch {
 		case p.Labels[contract.LabelWorker] == "true":
 			out = append(out, "worker pod "+p.Name+" left")
 		case p.Labels[usesLabel] != "" && phase == PhaseUpgrade:
 			out = append(out, "workload pod "+p.Name+" not drained")
+		case p.Labels[contract.LabelDevicePlugin] == "true" && p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil:
+			if owner := metav1.GetControllerOf(&p); owner != nil {
+				running[p.Spec.NodeName+"/"+owner.Name] = true
+			}
+		}
+	}
+	if version == "" {
+		return out, nil
+	}
+	for i := range h.o.Modules {
+		m := module(i)
+		m.Spec.ModuleLoader.Container.Version = version
+		ds := controllers.DevicePluginName(m)
+		for _, n := range h.nodes {
+			if !running[n+"/"+ds] {
+				out = append(out, "device plugin "+ds+" not running on "+n)
+			}
 		}
 	}
 	return out, nil
