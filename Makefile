@@ -140,7 +140,7 @@ bench-scale: tools ## Scale harness (test/scale): NODES simulated nodes x MODULE
 
 # `make chaos` (test/chaos): how long faults are injected, the seed, and extra test flags
 # (e.g. CHAOS_FLAGS="-chaos.nodes=6 -chaos.modules=2 -chaos.out=/tmp/chaos").
-CHAOS_DURATION ?= 6m30s
+CHAOS_DURATION ?= 7m
 CHAOS_SEED ?= 1
 CHAOS_FLAGS ?=
 

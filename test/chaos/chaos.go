@@ -74,8 +74,9 @@ type Options struct {
 	// PhaseWindow, when positive, is the longest a phase of a round is faulted: past it the faults
 	// pause until the phase converged (gate.go). Duration then counts the time faults are on.
 	PhaseWindow time.Duration
-	// SteadyLeaderShare is the share of the fault time given to MixSteadyLeader (gate.go): a window is faulted
-	// with it while it has had less than this share. 0: every window is MixAll. Needs PhaseWindow.
+	// SteadyLeaderShare is the share of the fault time given to MixSteadyLeader (gate.go): an upgrade's
+	// window is faulted with it while it has had less than this share. 0: every window is MixAll.
+	// Needs PhaseWindow.
 	SteadyLeaderShare float64
 	// Lease timing of the replicas (defaults 2 s, 1 s, 200 ms: short, so that a partition ends in
 	// about two seconds, with a second between the leader's giving up and the next one's taking

@@ -22,7 +22,7 @@ import (
 )
 
 var (
-	duration    = flag.Duration("chaos.duration", 6*time.Minute+30*time.Second, "how long faults are injected")
+	duration    = flag.Duration("chaos.duration", 7*time.Minute, "how long faults are injected")
 	seed        = flag.Uint64("chaos.seed", 1, "seed of the fault points")
 	nodes       = flag.Int("chaos.nodes", 4, "simulated nodes")
 	modules     = flag.Int("chaos.modules", 1, "Modules")
@@ -34,7 +34,7 @@ var (
 	shares      = flag.String("chaos.shares", "http-429=0.1,http-500=0.1,http-409=0.5,delay=0.4", "request fault shares, kind=share,...")
 	window      = flag.Duration("chaos.phase-window", 30*time.Second, "longest a phase is faulted before the faults pause until it converged (0: never pause)")
 	leaderKill  = flag.Float64("chaos.leader-kills", 0.2, "share of manager kills aimed at the Lease holder ")
-	steadyShare = flag.Float64("chaos.steady-share", 0.15, "share of the fault time with every fault but kills and partitions (the Lease stays put, so the leader's requests meet the request faults)")
+	steadyShare = flag.Float64("chaos.steady-share", 0.2, "share of the fault time with every fault but kills and partitions, in upgrade windows (the Lease stays put, so the leader's updates meet the request faults)")
 	replicas    = flag.Int("chaos.replicas", 3, "manager replicas")
 )
 

@@ -158,7 +158,7 @@ func (h *harness) faultWindow(underFaults bool) func() bool {
 	if !underFaults || h.o.PhaseWindow <= 0 {
 		return func() bool { return false }
 	}
-	h.setFaultsOn(true, h.gate.nextMix(h.o.SteadyLeaderShare))
+	h.setFaultsOn(true, h.gate.nextMix(h.o.SteadyLeaderShare, h.currentPhase()))
 	t := time.AfterFunc(h.o.PhaseWindow, func() { h.setFaultsOn(false, "") })
 	return func() bool { return !t.Stop() }
 }
