@@ -73,14 +73,17 @@ func New(renewDeadline time.Duration, now func() time.Time) *Fence {
 func (f *Fence) Open() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.now().Before(f.openUntil)
+	return f.openNow()
 }
+
+// openNow says whether the fence is open now (f.mu held).
+func (f *Fence) openNow() bool { return f.now().Before(f.openUntil) }
 
 // admit counts a write in flight if the fence is open, and says whether it is.
 func (f *Fence) admit() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if !f.now().Before(f.openUntil) {
+	if !f.openNow() {
 		return false
 	}
 	f.inFlight++

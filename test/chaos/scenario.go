@@ -283,22 +283,33 @@ func (h *harness) podsLeft(ctx context.Context, phase, version string) ([]string
 		return nil, err
 	}
 	var out []string
-	running := map[string]bool{} // node/DaemonSet of the device plugin pods running
 	for _, p := range pods.Items {
 		switch {
 		case p.Labels[contract.LabelWorker] == "true":
 			out = append(out, "worker pod "+p.Name+" left")
 		case p.Labels[usesLabel] != "" && phase == PhaseUpgrade:
 			out = append(out, "workload pod "+p.Name+" not drained")
-		case p.Labels[contract.LabelDevicePlugin] == "true" && p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil:
-			if owner := metav1.GetControllerOf(&p); owner != nil {
-				running[p.Spec.NodeName+"/"+owner.Name] = true
-			}
 		}
 	}
 	if version == "" {
 		return out, nil
 	}
+	return append(out, h.devicePluginsMissing(pods.Items, version)...), nil
+}
+
+// devicePluginsMissing lists the nodes where a Module's device plugin of version has no Running pod.
+func (h *harness) devicePluginsMissing(pods []corev1.Pod, version string) []string {
+	running := map[string]bool{} // node/DaemonSet of the device plugin pods running
+	for i := range pods {
+		p := &pods[i]
+		if p.Labels[contract.LabelDevicePlugin] != "true" || p.Status.Phase != corev1.PodRunning || p.DeletionTimestamp != nil {
+			continue
+		}
+		if owner := metav1.GetControllerOf(p); owner != nil {
+			running[p.Spec.NodeName+"/"+owner.Name] = true
+		}
+	}
+	var out []string
 	for i := range h.o.Modules {
 		m := module(i)
 		m.Spec.ModuleLoader.Container.Version = version
@@ -309,7 +320,7 @@ func (h *harness) podsLeft(ctx context.Context, phase, version string) ([]string
 			}
 		}
 	}
-	return out, nil
+	return out
 }
 
 // modulesLeft lists the Modules not gone yet: a deletion has converged only once the operator
