@@ -109,10 +109,18 @@ func TestSeededFaultsAreCaught(t *testing.T) {
 			if !rec.Failed() {
 				t.Fatalf("rapid found no counterexample for the fault %q", tc.name)
 			}
-			t.Logf("counterexample: %s", rec.Messages())
-			if all := rec.Messages(); !containsAny(all, strings.Split(tc.invariant, "|")) {
-				t.Fatalf("rapid failed, but not on %s:\n%s", tc.invariant, all)
+			// rapid stops at the first check an interleaving breaks, and a random seed may reach
+			// the fault's effect through another check before the one the explorer's shortest
+			// counterexample names (seed 18319502463815002411 caught the stranded record through
+			// invariant 6, a load over a config still in the kernel, before invariant 7): any of the
+			// model's checks is a catch, and the fault-free TestModelInvariants shows none of them
+			// fails without a fault. A panic or another error of the model is not.
+			all := rec.Messages()
+			if !containsAny(all, modelChecks) {
+				t.Fatalf("rapid failed, but not on one of the model's checks (%v):\n%s", modelChecks, all)
 			}
+			named := containsAny(all, strings.Split(tc.invariant, "|"))
+			t.Logf("counterexample (on the named check %s: %v): %s", tc.invariant, named, all)
 		})
 	}
 }
@@ -161,8 +169,13 @@ func runModel(f faults) func(*rapid.T) {
 	}
 }
 
+// modelChecks are the prefixes of the messages of the model's checks: the invariants of SPEC §4,
+// the drain's and the back-off's properties.
+var modelChecks = []string{"invariant ", "drain: ", "back-off: "}
+
 // seededFaults are the broken controllers the property test and the explorer must catch, with the
-// check (a prefix of its message) each must fail on.
+// check (a prefix of its message) the explorer's shortest counterexample fails on; the property
+// test accepts any of modelChecks (TestSeededFaultsAreCaught says why).
 var seededFaults = []struct {
 	name      string
 	fault     faults

@@ -62,6 +62,12 @@ type Options struct {
 	Seed uint64
 	// Duration is how long faults are injected (rounds of load, upgrade and deletion go on meanwhile).
 	Duration time.Duration
+	// Minimums are the faults of each kind a run must reach: the fault phase goes on past Duration
+	// until every kind has its count (or FaultWall).
+	Minimums map[string]int
+	// FaultWall bounds the fault phase in wall time, pauses included (default 4 × Duration): a
+	// caller's own deadline must leave room for it, the set-up and ConvergeTimeout (MaxRunTime).
+	FaultWall time.Duration
 	// ConvergeTimeout bounds the convergence after the last fault (default 90 s).
 	ConvergeTimeout time.Duration
 	// Faults are the kinds injected (default: all of FaultKinds).
@@ -104,6 +110,19 @@ type Options struct {
 	OutDir string
 	// Log receives progress lines; nil discards them.
 	Log io.Writer
+}
+
+// setUpBound bounds what a run does besides its fault phase and its convergence: the control
+// plane's start, the replicas' first Lease, the fault-free round (each bounded on its own) and the
+// teardown.
+const setUpBound = 6 * time.Minute
+
+// MaxRunTime is the longest Run takes with o (after its defaults): a caller's deadline shorter than
+// this can cut a run that would have passed (issue 34: a 12-minute test deadline expired mid-round
+// while the injector's own bound was 28 minutes).
+func MaxRunTime(o Options) time.Duration {
+	setDefaults(&o)
+	return setUpBound + o.FaultWall + 2*o.ConvergeTimeout
 }
 
 // defaultIntervals are the mean waits between faults of each kind.
@@ -191,6 +210,9 @@ func setDefaults(o *Options) {
 	}
 	if o.ConvergeTimeout == 0 {
 		o.ConvergeTimeout = 90 * time.Second
+	}
+	if o.FaultWall == 0 {
+		o.FaultWall = 4 * o.Duration
 	}
 	o.APIServers = max(o.APIServers, 1)
 	if o.Replicas == 0 {

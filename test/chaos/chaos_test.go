@@ -36,6 +36,7 @@ var (
 	leaderKill  = flag.Float64("chaos.leader-kills", 0.2, "share of manager kills aimed at the Lease holder ")
 	steadyShare = flag.Float64("chaos.steady-share", 0.2, "share of the fault time with every fault but kills and partitions, in upgrade windows (the Lease stays put, so the leader's updates meet the request faults)")
 	replicas    = flag.Int("chaos.replicas", 3, "manager replicas")
+	faultWall   = flag.Duration("chaos.fault-wall", 12*time.Minute, "the longest the fault phase runs in wall time, pauses included, to reach -chaos.duration of faults and every minimum")
 )
 
 // defaultMinimums are the faults of each kind the default run must reach: issue 23's 100 of every
@@ -96,11 +97,15 @@ func out(t *testing.T) string {
 func TestChaos(t *testing.T) {
 	bin := buildManager(t, "")
 	dir := out(t)
-	ctx, cancel := context.WithTimeout(context.Background(), *duration+5*time.Minute)
-	defer cancel()
 	o := chaos.Options{Manager: bin, Nodes: *nodes, Modules: *modules, APIServers: *apiServers, Seed: *seed, Duration: *duration,
+		Minimums: minimums(t), FaultWall: *faultWall,
 		Baseline: true, OutDir: dir, Log: testWriter{t}, LeaderKills: *leaderKill, PhaseWindow: *window, SteadyLeaderShare: *steadyShare, Replicas: *replicas}
 	setTuning(t, &o)
+	ctx, cancel := context.WithTimeout(context.Background(), chaos.MaxRunTime(o))
+	defer cancel()
+	if d, ok := t.Deadline(); ok && time.Until(d) < chaos.MaxRunTime(o) {
+		t.Fatalf("go test's -timeout leaves %v, the run may take %v: raise -timeout or lower -chaos.fault-wall", time.Until(d).Round(time.Second), chaos.MaxRunTime(o))
+	}
 	rep, err := chaos.Run(ctx, o)
 	if rep != nil {
 		var b strings.Builder

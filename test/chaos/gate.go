@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"sync"
 	"time"
@@ -150,16 +151,38 @@ func (h *harness) setFaultsOn(on bool, mix string) {
 	}
 }
 
-// stopAfterFaultTime cancels stop once the faults have been on for Options.Duration, or the wall
-// time reached four times that (pauses included).
+// stopAfterFaultTime cancels stop once the faults have been on for Options.Duration and every kind
+// of Options.Minimums has reached its count, or at Options.FaultWall (pauses included), whichever
+// comes first: the counts a run reaches then no longer depend on how fast the machine served the
+// requests (past CI runs stopped at 78, 83 and 95 409s of 100 at the end of Duration).
 func (h *harness) stopAfterFaultTime(ctx context.Context, stop context.CancelFunc) {
-	wall := time.Now().Add(4 * h.o.Duration)
-	for h.gate.onTime() < h.o.Duration && time.Now().Before(wall) {
+	wall := time.Now().Add(h.o.FaultWall)
+	for !h.faultTimeDone() && time.Now().Before(wall) {
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+	if lacking := h.lackingFaults(); len(lacking) > 0 {
+		h.sayf("fault phase ended at its wall bound %v with kinds below their minimum: %v", h.o.FaultWall, lacking)
+	}
 	stop()
+}
+
+// faultTimeDone says whether the faults have been on for Options.Duration and every minimum is met.
+func (h *harness) faultTimeDone() bool {
+	return h.gate.onTime() >= h.o.Duration && len(h.lackingFaults()) == 0
+}
+
+// lackingFaults are the kinds of Options.Minimums below their count, as kind: count/minimum.
+func (h *harness) lackingFaults() []string {
+	got := h.counts.snapshot()
+	var out []string
+	for _, kind := range sortedKeys(h.o.Minimums) {
+		if got[kind] < h.o.Minimums[kind] {
+			out = append(out, fmt.Sprintf("%s: %d/%d", kind, got[kind], h.o.Minimums[kind]))
+		}
+	}
+	return out
 }

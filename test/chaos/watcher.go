@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -24,6 +26,7 @@ const usesLabel = "kmm-chaos/uses"
 
 // podInfo is what the watcher keeps of a pod.
 type podInfo struct {
+	name, uid    string // the pod's namespace/name and UID, for the violation messages
 	node, module string // module as namespace/name
 	kind         string // load, unload, device-plugin, workload
 	kernel       string // a load pod's config kernel
@@ -36,9 +39,12 @@ type podInfo struct {
 type watcher struct {
 	leases *leaseBook
 
-	mu      sync.Mutex
-	pods    map[string]podInfo // by UID
-	kernels map[string]string  // node → kernel
+	mu sync.Mutex
+	// pods are by namespace/name, as the informer feeding them keys its store: when a pod is
+	// deleted and another is created under its name while the watch is down, the relist delivers
+	// the new pod as an update of the old one (no delete), so a map by UID would keep both.
+	pods    map[string]podInfo
+	kernels map[string]string // node → kernel
 	// drainCheck is on while an ordered upgrade with drain runs (a Module's deletion unloads
 	// without a drain, by design).
 	drainCheck bool
@@ -104,14 +110,15 @@ func (w *watcher) handler(f func(o any, gone bool)) toolscache.ResourceEventHand
 	}
 }
 
+// violate records a violation of inv, stamped with the time the watcher saw it.
 func (w *watcher) violate(inv, format string, args ...any) {
-	w.viols = append(w.viols, inv+": "+fmt.Sprintf(format, args...))
+	w.viols = append(w.viols, inv+": "+fmt.Sprintf(format, args...)+" (at "+time.Now().Format("15:04:05.000")+")")
 }
 
 // classify says what a pod is to the invariants ("" for none of kmm's concern).
 func classify(p *corev1.Pod) podInfo {
 	l := p.Labels
-	in := podInfo{node: p.Spec.NodeName, terminal: p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed}
+	in := podInfo{name: p.Namespace + "/" + p.Name, uid: string(p.UID), node: p.Spec.NodeName, terminal: p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed}
 	switch {
 	case l[contract.LabelWorker] == "true":
 		in.kind, in.module = l[contract.LabelAction], l[contract.LabelModuleNamespace]+"/"+l[contract.LabelModuleName]
@@ -135,26 +142,25 @@ func (w *watcher) podEvent(p *corev1.Pod, gone bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.events++
-	uid := string(p.UID)
 	if gone {
-		delete(w.pods, uid)
+		delete(w.pods, in.name)
 		return
 	}
-	w.pods[uid] = in
+	w.pods[in.name] = in
 	w.checkNode(in.node)
 }
 
 // checkNode checks the pod invariants of one node (w.mu held).
 func (w *watcher) checkNode(node string) {
-	workers := map[string][]string{}
+	workers := map[string][]podInfo{}
 	dps, workloads := map[string]bool{}, map[string]bool{}
-	for uid, x := range w.pods {
+	for _, x := range w.pods {
 		if x.node != node {
 			continue
 		}
 		switch x.kind {
 		case "load", "unload":
-			workers[x.module] = append(workers[x.module], uid)
+			workers[x.module] = append(workers[x.module], x)
 		case "device-plugin":
 			dps[x.module] = true
 		case "workload":
@@ -167,12 +173,12 @@ func (w *watcher) checkNode(node string) {
 	if w.drainCheck {
 		w.checks[invUnloadVsWork]++
 	}
-	for m, uids := range workers {
-		if len(uids) > 1 {
-			w.violate(invOnePod, "%d worker pods for %s on %s", len(uids), m, node)
+	for m, pods := range workers {
+		if len(pods) > 1 {
+			w.violate(invOnePod, "%d worker pods for %s on %s: %s", len(pods), m, node, describePods(pods))
 		}
-		for _, uid := range uids {
-			w.checkWorker(w.pods[uid], node, dps[m], workloads[m])
+		for _, x := range pods {
+			w.checkWorker(x, node, dps[m], workloads[m])
 		}
 	}
 }
@@ -183,14 +189,28 @@ func (w *watcher) checkWorker(x podInfo, node string, dpThere, workloadThere boo
 		return
 	}
 	if x.kind == "load" && w.kernels[node] != "" && x.kernel != w.kernels[node] {
-		w.violate(invLoadKernel, "a load pod of %s for kernel %q on %s, which runs %q", x.module, x.kernel, node, w.kernels[node])
+		w.violate(invLoadKernel, "a load pod of %s for kernel %q on %s, which runs %q: %s", x.module, x.kernel, node, w.kernels[node], describePods([]podInfo{x}))
 	}
 	if x.kind == "unload" && dpThere {
-		w.violate(invUnloadVsDP, "an unload pod of %s on %s while its device plugin pod is there", x.module, node)
+		w.violate(invUnloadVsDP, "an unload pod of %s on %s while its device plugin pod is there: %s", x.module, node, describePods([]podInfo{x}))
 	}
 	if x.kind == "unload" && w.drainCheck && workloadThere {
-		w.violate(invUnloadVsWork, "an unload pod of %s on %s while a workload pod using it runs there", x.module, node)
+		w.violate(invUnloadVsWork, "an unload pod of %s on %s while a workload pod using it runs there: %s", x.module, node, describePods([]podInfo{x}))
 	}
+}
+
+// describePods names pods for a violation message: namespace/name, UID, kind and phase.
+func describePods(pods []podInfo) string {
+	parts := make([]string, 0, len(pods))
+	for _, x := range pods {
+		state := "running"
+		if x.terminal {
+			state = "finished"
+		}
+		parts = append(parts, fmt.Sprintf("%s (uid %s, %s, %s)", x.name, x.uid, x.kind, state))
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ", ")
 }
 
 func (w *watcher) nodeEvent(n *corev1.Node, gone bool) {
