@@ -146,6 +146,14 @@ CHAOS_DURATION ?= 7m
 CHAOS_SEED ?= 1
 CHAOS_FLAGS ?=
 
+# `make chaos-catch-rate`: each seeded bug with BUG_SEEDS seeds from CHAOS_SEED; fails when a bug is
+# caught with fewer than 9 in 10 of them (docs/reliability.md, "Seeded bugs": about an hour).
+BUG_SEEDS ?= 10
+
+.PHONY: chaos-catch-rate
+chaos-catch-rate: tools ## Measure each seeded chaos bug's catch rate over BUG_SEEDS seeds (test/chaos; about an hour).
+	go test -tags chaos -count=1 -timeout 180m -v -run '^TestSeededBugs$$' ./test/chaos/ -args -chaos.seed=$(CHAOS_SEED) -chaos.bug-seeds=$(BUG_SEEDS) $(CHAOS_FLAGS)
+
 .PHONY: chaos
 chaos: tools ## Fault injection (test/chaos): manager kills, partitions, kube-apiserver and etcd restarts, proxy faults; prints the report (docs/reliability.md).
 	go test -tags chaos -count=1 -timeout 45m -v ./test/chaos/ -args -chaos.duration=$(CHAOS_DURATION) -chaos.seed=$(CHAOS_SEED) $(CHAOS_FLAGS)

@@ -5,6 +5,9 @@ package chaos_test
 import (
 	"context"
 	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -116,32 +119,55 @@ var (
 	apiserverLease = []time.Duration{60 * time.Second, 45 * time.Second, 2 * time.Second}
 )
 
+// bugSeeds is how many seeds each seeded bug runs with: 1 in `make chaos` (the bug must be caught
+// with -chaos.seed), 10 in `make chaos-catch-rate`, which measures each bug's catch rate.
+var bugSeeds = flag.Int("chaos.bug-seeds", 1, "seeds each seeded bug runs with (-chaos.seed, -chaos.seed+1, ...); with more than one, a bug must be caught with at least 9 in 10 of them")
+
+// minCatchRate is the share of seeds a seeded bug must be caught with (issue 34): a bug caught
+// less often needs a better aimed fault, not a retry.
+const minCatchRate = 0.9
+
 // TestSeededBugs runs, for each seeded bug of internal/chaosbug, a manager built with it under the
 // one fault that exposes it, aimed at the moment it matters (chaos.Aim), and checks that the
 // watcher reports the violation it causes. With -chaos.bugs-unfaulted it runs them without the
-// faults and checks that none is caught. Catching depends on timing (the aim must meet the bug's
-// window on a shared 2-core machine), so a bug not caught is run once more, with the next seed,
-// before it counts as missed.
+// faults and checks that none is caught. Each bug runs once per seed of -chaos.bug-seeds; there
+// is no retry: docs/reliability.md gives each bug's measured catch rate over 10 seeds, and a bug
+// below minCatchRate needs a better aimed fault.
 func TestSeededBugs(t *testing.T) {
 	bin := buildManager(t, "chaosbugs")
 	for _, sb := range seededBugs {
 		t.Run(sb.bug, func(t *testing.T) {
 			t.Parallel()
-			if !runSeededBug(t, bin, sb, *seed, *noBugs || *noFaults) {
-				t.Logf("%s not caught with seed %d: once more with seed %d", sb.bug, *seed, *seed+1)
-				runSeededBug(t, bin, sb, *seed+1, true)
+			var missed []uint64
+			for i := range *bugSeeds {
+				s := *seed + uint64(i)
+				if !runSeededBug(t, bin, sb, s) {
+					missed = append(missed, s)
+				}
+			}
+			caught := *bugSeeds - len(missed)
+			t.Logf("catch rate: %s caught with %d of %d seeds (missed: %v)", sb.bug, caught, *bugSeeds, missed)
+			if float64(caught) < minCatchRate*float64(*bugSeeds) {
+				t.Errorf("the watcher caught the seeded bug %s with %d of %d seeds (missed %v; want at least %.0f%%): aim its fault better",
+					sb.bug, caught, *bugSeeds, missed, 100*minCatchRate)
 			}
 		})
 	}
 }
 
-// runSeededBug runs one seeded bug with seed and says whether it was caught; unless last, a bug not
-// caught returns false instead of failing t.
-func runSeededBug(t *testing.T, bin string, sb seededBug, seed uint64, last bool) bool {
+// runSeededBug runs one seeded bug with seed and says whether it was caught (the controls fail t
+// on a catch, or a violation, that must not be).
+func runSeededBug(t *testing.T, bin string, sb seededBug, seed uint64) bool {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), sb.duration+3*time.Minute)
 	defer cancel()
 	dir := out(t)
+	if *bugSeeds > 1 {
+		dir = filepath.Join(dir, fmt.Sprintf("seed-%d", seed))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
 	o := chaos.Options{Manager: bin, Nodes: 3, Modules: 1, Seed: seed, Duration: sb.duration,
 		Faults: []string{}, Aims: []chaos.Aim{sb.aim}, Bugs: []string{sb.bug}, StopOnViolation: true,
 		ConvergeTimeout: 15 * time.Second, AimSettle: aimSettle, OutDir: dir, Log: testWriter{t}}
@@ -175,11 +201,10 @@ func runSeededBug(t *testing.T, bin string, sb seededBug, seed uint64, last bool
 		t.Fatalf("the seeded bug %s was caught without its fault: the fault is not what exposes it (logs in %s)", sb.bug, dir)
 	case *noFaults:
 		t.Logf("control: %s not caught without its fault (%d violations, %.0f s)", sb.bug, len(rep.Violations), time.Since(t0).Seconds())
-	case !caught && !last:
-		return false
 	case !caught:
-		t.Fatalf("the watcher did not catch the seeded bug %s (no violation mentioning %q; aim %s fired %d times; run error: %v; logs in %s)",
-			sb.bug, sb.caught, sb.aim, rep.Faults[sb.aim.Kind], err, dir)
+		t.Logf("seed %d: the watcher did not catch the seeded bug %s (no violation mentioning %q; aim %s fired %d times; run error: %v; logs in %s)",
+			seed, sb.bug, sb.caught, sb.aim, rep.Faults[sb.aim.Kind], err, dir)
+		return false
 	default:
 		t.Logf("caught %s in %.0f s (whole run, control plane included)", sb.bug, time.Since(t0).Seconds())
 	}
