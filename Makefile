@@ -30,6 +30,10 @@ RAPID_CHECKS ?= 10000
 RAPID_SEED ?= $(shell c=$$(git rev-parse --short=15 HEAD 2>/dev/null) && printf '%d' 0x$$c || echo 1)
 # How long `make fuzz` runs each fuzz target.
 FUZZ_TIME ?= 20s
+# 1: `make fuzz` copies the new inputs the fuzzer found interesting into the package's
+# testdata/fuzz (test/scripts/keep-fuzz-corpus.sh), for a developer to commit; CI's throwaway
+# clone runs with 0.
+FUZZ_KEEP ?= 1
 # Fuzz targets, as package:target[:fuzztime]. Each runs a count of inputs, not a duration (about 20 s
 # each here): when the deadline of a -fuzztime duration falls while the fuzzer minimizes a new input,
 # Go reports "context deadline exceeded" as a failure (seen on FuzzLabelKeys), and a slow rapid
@@ -122,7 +126,8 @@ fuzz: ## Run every fuzz target for FUZZ_TIME each (or the count its entry gives)
 	@for t in $(FUZZ_TARGETS); do pkg=$$(echo $$t | cut -d: -f1); name=$$(echo $$t | cut -d: -f2); \
 		time=$$(echo $$t | cut -d: -f3); time=$${time:-$(FUZZ_TIME)}; \
 		echo ">> fuzzing $$name in $$pkg for $$time"; \
-		go test -run '^$$' -fuzz "^$$name\$$" -fuzztime $$time $$pkg || exit 1; done
+		go test -run '^$$' -fuzz "^$$name\$$" -fuzztime $$time $$pkg || exit 1; \
+		if [ "$(FUZZ_KEEP)" = 1 ]; then test/scripts/keep-fuzz-corpus.sh $$pkg $$name; fi; done
 
 .PHONY: bench
 bench: ## Run the Go benchmarks (benchstat-friendly: BENCH_COUNT runs each).
