@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -47,6 +48,9 @@ type Options struct {
 	APIServerFlags map[string]string
 }
 
+// controlPlaneStart bounds the start (and the stop) of etcd and kube-apiserver.
+const controlPlaneStart = 2 * time.Minute
+
 // StartWith starts etcd and kube-apiserver as o says and, unless o.Bare, installs config/crd and
 // config/webhook.
 func StartWith(o Options) (*Env, error) {
@@ -58,7 +62,11 @@ func StartWith(o Options) (*Env, error) {
 	if err != nil {
 		return nil, err
 	}
-	te := &envtest.Environment{BinaryAssetsDirectory: assets}
+	// envtest's 20 s default to start the control plane is too short on a busy 2-core machine:
+	// kube-apiserver took longer with the other core running a test (five retries, then "timeout
+	// waiting for process kube-apiserver to start", no defect of kmm's). A start that needs more
+	// than controlPlaneStart is a broken build, not a slow machine.
+	te := &envtest.Environment{BinaryAssetsDirectory: assets, ControlPlaneStartTimeout: controlPlaneStart, ControlPlaneStopTimeout: controlPlaneStart}
 	if !o.Bare {
 		te.CRDDirectoryPaths = []string{filepath.Join(root, "config", "crd", "bases")}
 		te.ErrorIfCRDPathMissing = true
