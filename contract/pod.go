@@ -6,8 +6,9 @@ import "time"
 // them: a real kubelet with this binary, or the test node agent. A worker pod carries these labels
 // and annotations; its single container writes a Result as JSON to its termination message.
 const (
-	// LabelManagedBy is set to ManagedBy on every pod kmm creates (worker and device plugin pods);
-	// the operator's cache holds only pods with it.
+	// LabelManagedBy is set to ManagedBy on every pod kmm creates (worker pods of every action,
+	// device plugin pods, and any kind of pod kmm adds later); the operator's cache holds only pods
+	// with it, and an upgrade drain never touches them (CreatedByKMM).
 	LabelManagedBy = "app.kubernetes.io/managed-by"
 	// ManagedBy is the value of LabelManagedBy.
 	ManagedBy = "kmm"
@@ -42,3 +43,10 @@ const PodNodeNameField = "spec.nodeName"
 // activeDeadlineSeconds from it plus a margin, so that the worker reports a timed-out Result itself
 // before the kubelet kills the pod.
 const DefaultTimeout = 4 * time.Minute
+
+// CreatedByKMM says whether an object with these labels is one kmm created: it carries
+// LabelManagedBy=ManagedBy. An upgrade drain spares such a pod whatever its podSelector selects,
+// so every pod kmm creates, of any kind, must carry the label.
+func CreatedByKMM(labels map[string]string) bool {
+	return labels[LabelManagedBy] == ManagedBy
+}

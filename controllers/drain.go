@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/fsm"
 )
 
@@ -70,32 +71,37 @@ func (r *NMCReconciler) drainFacts(ctx context.Context, f *nodeFacts, key string
 		}
 		return out, err
 	}
-	pdbs, err := r.pdbsFor(ctx, pods.Items)
+	// Pods that ended, and the pods a drain spares, are no drain's business: not even their
+	// namespace's PodDisruptionBudgets are read.
+	var targets []*corev1.Pod
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed && observeWorkload(p, nil).Spared() == "" {
+			targets = append(targets, p)
+		}
+	}
+	pdbs, err := r.pdbsFor(ctx, targets)
 	if err != nil {
 		return out, err
 	}
-	for i := range pods.Items {
-		p := &pods.Items[i]
-		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
-			continue
-		}
-		out.Pods = append(out.Pods, fsm.WorkloadPod{Namespace: p.Namespace, Name: p.Name, UID: string(p.UID),
-			PDBProtected: protected(p, pdbs), Terminating: p.DeletionTimestamp != nil, Finalizers: len(p.Finalizers) > 0,
-			NodeBound: nodeBound(p)})
+	for _, p := range targets {
+		out.Pods = append(out.Pods, observeWorkload(p, pdbs))
 	}
 	return out, nil
 }
 
-// nodeBound says whether a pod belongs to its node: owned by a DaemonSet, or the mirror of a static pod.
-func nodeBound(p *corev1.Pod) bool {
-	if _, mirror := p.Annotations[corev1.MirrorPodAnnotationKey]; mirror {
-		return true
-	}
+// observeWorkload turns a pod the drain's podSelector selects into the facts the drain plan reads,
+// among them what makes a drain spare it (fsm.WorkloadPod.Spared): kmm's own pod, a static pod's
+// mirror, a DaemonSet's pod.
+func observeWorkload(p *corev1.Pod, pdbs []policyv1.PodDisruptionBudget) fsm.WorkloadPod {
+	_, mirror := p.Annotations[corev1.MirrorPodAnnotationKey]
 	owner := metav1.GetControllerOf(p)
-	return owner != nil && owner.Kind == "DaemonSet"
+	return fsm.WorkloadPod{Namespace: p.Namespace, Name: p.Name, UID: string(p.UID),
+		PDBProtected: protected(p, pdbs), Terminating: p.DeletionTimestamp != nil, Finalizers: len(p.Finalizers) > 0,
+		CreatedByKMM: contract.CreatedByKMM(p.Labels), Mirror: mirror, DaemonSet: owner != nil && owner.Kind == "DaemonSet"}
 }
 
-func (r *NMCReconciler) pdbsFor(ctx context.Context, pods []corev1.Pod) ([]policyv1.PodDisruptionBudget, error) {
+func (r *NMCReconciler) pdbsFor(ctx context.Context, pods []*corev1.Pod) ([]policyv1.PodDisruptionBudget, error) {
 	seen := map[string]bool{}
 	var out []policyv1.PodDisruptionBudget
 	for _, p := range pods {

@@ -3,6 +3,8 @@ package controllers_test
 import (
 	"context"
 	"fmt"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -11,12 +13,15 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/fsm"
 	"github.com/kmm-project/kmm/test/testbed"
 )
@@ -168,4 +173,107 @@ func gauge(t *testing.T, name, node string) float64 {
 		}
 	}
 	return -1
+}
+
+// TestEmptyPodSelectorDrainsOnlyWorkloads: a drain with no podSelector selects every pod on the
+// node, yet evicts only the workload. On the node it drains are another Module's running worker pod
+// (held by the agent), a third Module's device plugin pod, a DaemonSet's pod and a static pod's
+// mirror: none is evicted or deleted, and the upgrade ends with v2 loaded (issue 34: the other
+// Module's worker pod was evicted).
+func TestEmptyPodSelectorDrainsOnlyWorkloads(t *testing.T) {
+	cluster.StartOperator(t)
+	tb := cluster.NewBed(t, 1, testbed.KernelA)
+	n := tb.Nodes[0]
+	ctx := context.Background()
+
+	gpu := tb.Module("gpu")
+	gpu.Spec.DevicePlugin = &kmmv1beta1.DevicePluginSpec{Container: kmmv1beta1.DevicePluginContainerSpec{Image: "reg.example.com/gpu-dp:1"}}
+	tb.Create(gpu)
+	tb.WaitLoaded("gpu", "reg.example.com/gpu:a", n)
+
+	node.SetHold(func(p *corev1.Pod) bool { return p.Namespace == tb.NS && p.Labels[contract.LabelModuleName] == "fw" })
+	t.Cleanup(func() { node.SetHold(nil) })
+	tb.Create(tb.Module("fw"))
+
+	cluster.SetNodeLabel(t, n, kmmv1beta1.ModuleVersionLabel(tb.NS, "nic"), "v1")
+	nic := tb.VersionedModule("nic", "v1")
+	nic.Spec.UpgradePolicy = &kmmv1beta1.UpgradePolicy{Drain: &kmmv1beta1.DrainSpec{TimeoutSeconds: 2, PDBForceDrainTimeoutSeconds: 4}}
+	tb.Create(nic)
+	tb.WaitLoaded("nic", "reg.example.com/nic:v1", n)
+
+	onNode := func(p *corev1.Pod) *corev1.Pod {
+		p.Spec.NodeName = n
+		p.Spec.Containers = []corev1.Container{{Name: "c", Image: "reg.example.com/app:1"}}
+		return p
+	}
+	tb.Create(onNode(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: tb.NS, Name: "app"}}))
+	tb.Create(onNode(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: tb.NS, Name: "static-" + n,
+		Annotations: map[string]string{corev1.MirrorPodAnnotationKey: "0123456789abcdef"}}}))
+	dsLabels := map[string]string{"app": "node-agent"}
+	tb.Create(&appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Namespace: tb.NS, Name: "node-agent"}, Spec: appsv1.DaemonSetSpec{
+		Selector: &metav1.LabelSelector{MatchLabels: dsLabels},
+		Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: dsLabels}, Spec: corev1.PodSpec{
+			NodeSelector: map[string]string{corev1.LabelHostname: n},
+			Containers:   []corev1.Container{{Name: "agent", Image: "reg.example.com/agent:1"}},
+		}},
+	}})
+
+	// spared are the pods the drain must leave alone, by name, once each is Running.
+	spared := map[string]types.UID{}
+	testbed.Eventually(t, 30*time.Second, func() (bool, string) {
+		pods := &corev1.PodList{}
+		if err := k8s.List(ctx, pods, client.InNamespace(tb.NS)); err != nil {
+			return false, err.Error()
+		}
+		clear(spared)
+		for _, p := range pods.Items {
+			if p.Spec.NodeName != n || p.Status.Phase != corev1.PodRunning {
+				continue
+			}
+			switch {
+			case p.Labels[contract.LabelWorker] == "true" && p.Labels[contract.LabelModuleName] == "fw",
+				p.Labels[contract.LabelDevicePlugin] == "true" && p.Labels[contract.LabelModuleName] == "gpu",
+				p.Labels["app"] == "node-agent", p.Name == "static-"+n:
+				spared[p.Name] = p.UID
+			}
+		}
+		return len(spared) == 4, fmt.Sprintf("running: %v, want fw's worker, gpu's device plugin, the DaemonSet's and the mirror pod", spared)
+	})
+
+	// Every deletion of a spared pod (an eviction sets its deletion timestamp) is seen as it happens.
+	var mu sync.Mutex
+	var touched []string
+	testbed.Watch(t, cluster, &corev1.PodList{}, func(ev watch.EventType, p *corev1.Pod) {
+		mu.Lock()
+		defer mu.Unlock()
+		if uid, ok := spared[p.Name]; ok && uid == p.UID && (ev == watch.Deleted || p.DeletionTimestamp != nil) && !slices.Contains(touched, p.Name) {
+			touched = append(touched, p.Name)
+		}
+	}, client.InNamespace(tb.NS))
+	touchedPods := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(touched)
+	}
+
+	cluster.BumpVersion(t, nic, "v2", "reg.example.com/nic:v2")
+	cluster.SetNodeLabel(t, n, kmmv1beta1.ModuleVersionLabel(tb.NS, "nic"), "v2")
+	testbed.Eventually(t, 30*time.Second, func() (bool, string) {
+		st := cluster.PairStatus(n, tb.NS, "nic")
+		done := st != nil && st.State == kmmv1beta1.StateLoaded && st.Config != nil && st.Config.ContainerImage == "reg.example.com/nic:v2"
+		return done || len(touchedPods()) > 0, "nic loaded with v2: " + testbed.Describe(st)
+	})
+	if got := touchedPods(); len(got) > 0 {
+		t.Fatalf("the drain evicted or deleted %v, which it must never touch", got)
+	}
+	cluster.AssertPassedThrough(t, n, tb.NS, fsm.DevicePluginDraining, fsm.Unloading, fsm.Upgrading, fsm.Loading, fsm.Loaded)
+	if err := k8s.Get(ctx, client.ObjectKey{Namespace: tb.NS, Name: "app"}, &corev1.Pod{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the workload pod is still there (%v)", err)
+	}
+	for name, uid := range spared {
+		p := &corev1.Pod{}
+		if err := k8s.Get(ctx, client.ObjectKey{Namespace: tb.NS, Name: name}, p); err != nil || p.UID != uid || p.DeletionTimestamp != nil {
+			t.Errorf("pod %s: %v, uid %s (was %s), deletion %v: want it untouched", name, err, p.UID, uid, p.DeletionTimestamp)
+		}
+	}
 }

@@ -536,7 +536,12 @@ func ignoreGone(err error) error {
 func (r *NMCReconciler) createWorker(ctx context.Context, node, key string, in *fsm.WorkerIntent) error {
 	saSecrets, err := r.saPullSecrets.get(ctx, r.APIReader, r.Clock, in.Entry.Namespace, in.Entry.ServiceAccountName)
 	if err != nil {
-		return fmt.Errorf("reading the image pull secrets of the %s worker pod for %s on %s: %w", in.Action, key, node, err)
+		// No pod without the service account's pull secrets: the next reconcile fails the attempt
+		// (status reason ServiceAccountUnreadable, an Event) and backs off; the read is tried again
+		// at the next attempt (failed reads are not remembered).
+		r.expected().refusedCreate(node, key, fsm.CreateRefusal{Action: in.Action, Attempt: in.Attempt,
+			Reason: fsm.ReasonServiceAccountUnreadable, Message: err.Error()})
+		return fmt.Errorf("the %s worker pod for %s on %s: %w", in.Action, key, node, err)
 	}
 	pod, err := WorkerPod(node, WorkerPodOptions{Image: r.WorkerImage, DryRunSandbox: r.WorkerDryRunSandbox,
 		FirmwareHostPath: r.FirmwareHostPath, LeaveFirmwareClassPath: r.LeaveFirmwareClassPath, Registry: r.WorkerRegistry,

@@ -2,18 +2,25 @@ package controllers_test
 
 import (
 	"bufio"
+	"context"
+	"net/http"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/transport"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/contract"
+	"github.com/kmm-project/kmm/fsm"
 	"github.com/kmm-project/kmm/test/testbed"
 )
 
@@ -136,3 +143,71 @@ func serviceAccountGets(t *testing.T) int {
 	}
 	return n
 }
+
+// TestUnreadableServiceAccountIsReported: the operator may not read the Module's service account
+// (its GETs of it reach the real API server as a user without RBAC rules, which answers 403
+// Forbidden). No worker pod is made without the service account's pull secrets: the pair backs off
+// with reason ServiceAccountUnreadable and a message quoting the API server, one Warning Event
+// series says so on the Module (not one Event per reconcile), and once the read is allowed the
+// worker pod projects the secrets and the module loads (issue 34: the secrets were dropped
+// silently and the worker ran without them).
+func TestUnreadableServiceAccountIsReported(t *testing.T) {
+	tb := cluster.NewBed(t, 1, testbed.KernelA)
+	n := tb.Nodes[0]
+	var forbid atomic.Bool
+	forbid.Store(true)
+	saPath := "/api/v1/namespaces/" + tb.NS + "/serviceaccounts/loader"
+	cluster.StartOperatorWith(t, func(cfg *rest.Config) {
+		cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+			return roundTripFunc(func(req *http.Request) (*http.Response, error) {
+				if forbid.Load() && req.Method == http.MethodGet && req.URL.Path == saPath {
+					req = req.Clone(req.Context())
+					req.Header.Set(transport.ImpersonateUserHeader, "kmm-test-without-rbac")
+				}
+				return rt.RoundTrip(req)
+			})
+		})
+	})
+	tb.Create(&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: tb.NS, Name: "loader"},
+		ImagePullSecrets: []corev1.LocalObjectReference{{Name: "team-registry"}}})
+	m := tb.Module("nic")
+	m.Spec.ModuleLoader.ServiceAccountName = "loader"
+	tb.Create(m)
+
+	testbed.Eventually(t, 30*time.Second, func() (bool, string) {
+		st := cluster.PairStatus(n, tb.NS, "nic")
+		return st != nil && st.State == kmmv1beta1.StateLoadBackOff && st.Reason == fsm.ReasonServiceAccountUnreadable &&
+			strings.Contains(st.Message, "forbidden") && strings.Contains(st.Message, tb.NS+"/loader") && st.Attempts >= 2, testbed.Describe(st)
+	})
+	t.Logf("while forbidden: %s", testbed.Describe(cluster.PairStatus(n, tb.NS, "nic")))
+	if runs := node.RunCount(n, tb.NS+"/nic"); runs != 0 || len(workerPodsOn(t, n)) != 0 {
+		t.Fatalf("%d worker runs, %d worker pods without the service account's pull secrets, want none", runs, len(workerPodsOn(t, n)))
+	}
+	// One Warning Event on the Module per failed attempt (each a WorkerRejected transition), none
+	// for the reconciles in between: the Events, counted first, are at least one and at most the
+	// attempts counted after them.
+	var events int
+	testbed.Eventually(t, 10*time.Second, func() (bool, string) {
+		events = warningEvents(t, tb.NS, "nic", fsm.ReasonServiceAccountUnreadable)
+		return events >= 1, "a Warning Event ServiceAccountUnreadable on the Module"
+	})
+	if attempts := cluster.PairStatus(n, tb.NS, "nic").Attempts; events > int(attempts) {
+		t.Errorf("%d Warning Events ServiceAccountUnreadable on the Module for %d failed attempts: more than one per attempt", events, attempts)
+	}
+
+	forbid.Store(false)
+	tb.WaitLoaded("nic", "reg.example.com/nic:a", n)
+	pods := &corev1.PodList{}
+	if err := k8s.List(context.Background(), pods, client.InNamespace(tb.NS), client.MatchingLabels{contract.LabelWorker: "true"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pods.Items {
+		if !hasArgs(p.Spec.Containers[0].Args, "--pull-secret-dir", "/var/run/kmm/sa-pull-secrets") {
+			t.Errorf("worker pod %s lacks the service account's pull secrets: %q", p.Name, p.Spec.Containers[0].Args)
+		}
+	}
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }

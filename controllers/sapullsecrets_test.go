@@ -3,10 +3,13 @@ package controllers
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
@@ -71,5 +74,21 @@ func TestSAPullSecretsCacheTTL(t *testing.T) {
 	r.err = nil
 	if got, err := c.get(ctx, r, clk, "ns", "other"); err != nil || len(got) != 2 || r.reads != 4 {
 		t.Errorf("after a failed read: %v, %v after %d reads, want [a b] read again (4 reads)", got, err, r.reads)
+	}
+}
+
+// TestServiceAccountReadFailures: a service account that does not exist has no pull secrets (the
+// API server then refuses the pod, naming it); Forbidden and any other failure are returned, with
+// the service account named, not taken for "no secrets" (issue 34).
+func TestServiceAccountReadFailures(t *testing.T) {
+	gr := schema.GroupResource{Resource: "serviceaccounts"}
+	if got, err := serviceAccountPullSecrets(context.Background(), &saReader{err: apierrors.NewNotFound(gr, "loader")}, "ns", "loader"); err != nil || got != nil {
+		t.Errorf("not found: %v, %v; want no secrets and no error", got, err)
+	}
+	for _, readErr := range []error{apierrors.NewForbidden(gr, "loader", errors.New("RBAC: access denied")), apierrors.NewInternalError(errors.New("etcd"))} {
+		_, err := serviceAccountPullSecrets(context.Background(), &saReader{err: readErr}, "ns", "loader")
+		if err == nil || !errors.Is(err, readErr) || !strings.Contains(err.Error(), "ns/loader") {
+			t.Errorf("%v: got %v, want it returned naming ns/loader", readErr, err)
+		}
 	}
 }

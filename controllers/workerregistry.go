@@ -179,9 +179,12 @@ func saPullSecretsVolume(names []string) corev1.Volume {
 }
 
 // serviceAccountPullSecrets reads the imagePullSecrets of the worker pod's service account
-// ("default" when the Module names none); a missing service account has none, and so has one the
-// operator may not read (an install whose RBAC predates this: the worker then pulls with the
-// Module's own secret, as before). At most MaxServiceAccountPullSecrets are returned.
+// ("default" when the Module names none). A service account that does not exist has none: the API
+// server's ServiceAccount admission then refuses the worker pod itself, naming the missing account
+// (the pair reports PodRejected). Any other failure, Forbidden included (an install whose RBAC lacks
+// get on serviceaccounts), is returned: a worker pod without the secrets would fail its pull with
+// a message that hides the cause, so none is made and the pair reports ServiceAccountUnreadable. At
+// most MaxServiceAccountPullSecrets are returned.
 func serviceAccountPullSecrets(ctx context.Context, c client.Reader, namespace, name string) ([]string, error) {
 	if c == nil {
 		return nil, nil
@@ -191,10 +194,10 @@ func serviceAccountPullSecrets(ctx context.Context, c client.Reader, namespace, 
 	}
 	var sa corev1.ServiceAccount
 	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, &sa); err != nil {
-		if apierrors.IsNotFound(err) || apierrors.IsForbidden(err) {
+		if apierrors.IsNotFound(err) {
 			return nil, nil
 		}
-		return nil, err
+		return nil, fmt.Errorf("cannot read service account %s/%s for its imagePullSecrets: %w", namespace, name, err)
 	}
 	var names []string
 	for _, s := range sa.ImagePullSecrets {

@@ -57,8 +57,8 @@ func deriveLoading(f *Facts) (Trigger, bool) {
 	if t, ok := specWithdrawn(f); ok {
 		return t, true
 	}
-	// The spec is for this kernel: a config no worker can act on, or a pod the API server refused,
-	// fails the attempt without a pod.
+	// The spec is for this kernel: a config no worker can act on, a pod the API server refused, or a
+	// service account kmm could not read fails the attempt without a pod.
 	return WorkerRejected, f.specProblem() != nil || f.refused(ActionLoad) || f.refused(ActionReload)
 }
 

@@ -43,7 +43,7 @@ var StateDescriptions = map[State]string{
 		"(no kernel mapping: the node may have booted another kernel mid-upgrade; or the Module is at another version), the pair is Absent and kmm lifts its cordon.",
 	LoadBackOff: "The last load failed (WorkerFailed), its pod ran past the worker timeout " +
 		"(WorkerTimedOut: the pod is deleted), or no pod could be made (WorkerRejected: a config no " +
-		"worker can act on, or a pod the API server refused); attempts counts consecutive failures and " +
+		"worker can act on, a pod the API server refused, or a service account kmm could not read); attempts counts consecutive failures and " +
 		"status.reason names the failure class. The failed pod stays for inspection. After an " +
 		"exponential back-off (10 s doubling up to 5 min) the pair retries, whatever the worker said; a " +
 		"config refused as invalid (reason InvalidConfig) is not retried until the spec entry changes. " +

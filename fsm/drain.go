@@ -20,7 +20,8 @@ const (
 	StrategyForceDeletePDB = "ForceDeletePDB"
 )
 
-// WorkloadPod is a pod on the node that the drain's podSelector selects.
+// WorkloadPod is a pod on the node that the drain's podSelector selects (an empty one selects
+// every pod on the node).
 type WorkloadPod struct {
 	Namespace, Name string
 	UID             string
@@ -30,10 +31,40 @@ type WorkloadPod struct {
 	Terminating bool
 	// Finalizers: the pod has finalizers.
 	Finalizers bool
-	// NodeBound: the pod belongs to the node, owned by a DaemonSet or a static (mirror) pod; a
-	// drain never touches it (seed 004's predicate: any pod but a DaemonSet's), as kubectl drain
-	// --ignore-daemonsets does.
-	NodeBound bool
+	// CreatedByKMM: kmm created the pod (it carries kmm's managed-by label, contract.CreatedByKMM):
+	// a worker pod (load, unload, reload) or a device plugin pod of any Module, or any kind of pod
+	// kmm adds later.
+	CreatedByKMM bool
+	// Mirror: the pod is the mirror of a static pod, which the kubelet runs from a file on the node.
+	Mirror bool
+	// DaemonSet: a DaemonSet controls the pod.
+	DaemonSet bool
+}
+
+// Why a drain never touches a pod (WorkloadPod.Spared).
+const (
+	SparedKMM       = "created by kmm"
+	SparedMirror    = "a static pod's mirror"
+	SparedDaemonSet = "a DaemonSet's pod"
+)
+
+// Spared says why an upgrade drain never evicts, deletes or strips the finalizers of the pod, ""
+// when it may. Whatever the podSelector selects, a drain spares kmm's own pods of every Module (a
+// worker evicted mid-run leaves its pair to fail and retry, a device plugin evicted takes a
+// loaded module's devices away, and neither is a workload of the module drained), the mirror of a
+// static pod (the kubelet runs it from a file; evicting the mirror stops nothing) and a DaemonSet's
+// pod (it tolerates the cordon and would come straight back: seed 004's predicate, any pod but a
+// DaemonSet's, as kubectl drain --ignore-daemonsets). A spared pod never holds the drain back.
+func (w WorkloadPod) Spared() string {
+	switch {
+	case w.CreatedByKMM:
+		return SparedKMM
+	case w.Mirror:
+		return SparedMirror
+	case w.DaemonSet:
+		return SparedDaemonSet
+	}
+	return ""
 }
 
 // DrainFacts are the facts of an upgrade drain.
@@ -71,7 +102,7 @@ func (f *Facts) remainingWorkloads() []WorkloadPod {
 	}
 	var out []WorkloadPod
 	for _, p := range f.Drain.Pods {
-		if !p.NodeBound && !ignored(f.Drain.Policy, p.Namespace) {
+		if p.Spared() == "" && !ignored(f.Drain.Policy, p.Namespace) {
 			out = append(out, p)
 		}
 	}

@@ -1,6 +1,7 @@
 package fsm
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -25,7 +26,7 @@ var (
 	guarded = WorkloadPod{Namespace: "app", Name: "guarded", PDBProtected: true}
 	stuck   = WorkloadPod{Namespace: "app", Name: "stuck", Terminating: true, Finalizers: true}
 	system  = WorkloadPod{Namespace: "kube-system", Name: "sys"}
-	daemon  = WorkloadPod{Namespace: "app", Name: "daemon", NodeBound: true}
+	daemon  = WorkloadPod{Namespace: "app", Name: "daemon", DaemonSet: true}
 	policy  = kmmv1beta1.DrainSpec{TimeoutSeconds: 60, PDBForceDrainTimeoutSeconds: 300, IgnoredNamespacePatterns: []string{"^kube-"}}
 )
 
@@ -234,4 +235,57 @@ func withExpected(p kmmv1beta1.DrainSpec, seconds int32) kmmv1beta1.DrainSpec {
 // drain finishes without it (seed 004: any pod but a DaemonSet's).
 func TestNodeBoundPodsNeverBlockADrain(t *testing.T) {
 	check(t, drainingFacts(time.Second, policy, daemon), want{state: Unloading, create: ActionUnload})
+	check(t, drainingFacts(time.Second, policy, WorkloadPod{Namespace: "app", Name: "static", Mirror: true}), want{state: Unloading, create: ActionUnload})
+}
+
+// TestSpared: which pods a drain never touches, whatever its podSelector selects.
+func TestSpared(t *testing.T) {
+	cases := []struct {
+		name string
+		pod  WorkloadPod
+		want string
+	}{
+		{"a workload", plain, ""},
+		{"a workload under a PDB, stuck terminating", WorkloadPod{PDBProtected: true, Terminating: true, Finalizers: true}, ""},
+		{"kmm's pod (a worker or device plugin pod of any Module)", WorkloadPod{CreatedByKMM: true}, SparedKMM},
+		{"kmm's device plugin pod, a DaemonSet's", WorkloadPod{CreatedByKMM: true, DaemonSet: true}, SparedKMM},
+		{"kmm's pod under a PDB, stuck terminating", WorkloadPod{CreatedByKMM: true, PDBProtected: true, Terminating: true, Finalizers: true}, SparedKMM},
+		{"a static pod's mirror", WorkloadPod{Mirror: true}, SparedMirror},
+		{"a DaemonSet's pod", WorkloadPod{DaemonSet: true}, SparedDaemonSet},
+	}
+	for _, c := range cases {
+		if got := c.pod.Spared(); got != c.want {
+			t.Errorf("%s: Spared() = %q, want %q", c.name, got, c.want)
+		}
+	}
+}
+
+// TestDrainNeverTouchesSparedPods: with every pod of the node selected (an empty podSelector), no
+// plan of any strategy, at any time, names kmm's pods, a mirror or a DaemonSet's pod, and they do
+// not hold the drain back: only the workload does (issue 34: another Module's worker pod was evicted).
+func TestDrainNeverTouchesSparedPods(t *testing.T) {
+	spared := []WorkloadPod{
+		{Namespace: "drivers", Name: "kmm-worker-n1-drivers-gpu", CreatedByKMM: true},
+		{Namespace: "drivers", Name: "kmm-worker-n1-drivers-fw", CreatedByKMM: true, Terminating: true, Finalizers: true},
+		{Namespace: "drivers", Name: "gpu-device-plugin-x", CreatedByKMM: true, DaemonSet: true, PDBProtected: true},
+		{Namespace: "kube-system", Name: "etcd-n1", Mirror: true},
+		{Namespace: "app", Name: "log-agent-x", DaemonSet: true, PDBProtected: true},
+	}
+	everything := kmmv1beta1.DrainSpec{TimeoutSeconds: 60, PDBForceDrainTimeoutSeconds: 300}
+	for _, elapsed := range []time.Duration{time.Second, 61 * time.Second, 301 * time.Second, time.Hour} {
+		r := Step(drainingFacts(elapsed, everything, append(slices.Clone(spared), plain)...))
+		p := r.Plan.Drain
+		if p == nil {
+			t.Fatalf("after %v: no drain plan", elapsed)
+		}
+		for _, w := range slices.Concat(p.Evict, p.Delete, p.StripFinalizers) {
+			if w.Name != plain.Name {
+				t.Errorf("after %v: the plan touches %s/%s (%+v)", elapsed, w.Namespace, w.Name, p)
+			}
+		}
+		if len(p.Evict)+len(p.Delete) != 1 {
+			t.Errorf("after %v: the workload is not evicted or deleted: %+v", elapsed, p)
+		}
+	}
+	check(t, drainingFacts(time.Second, everything, spared...), want{state: Unloading, create: ActionUnload})
 }

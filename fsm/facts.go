@@ -49,11 +49,16 @@ type Facts struct {
 	foreign bool
 }
 
-// CreateRefusal is a worker pod the API server would not create (invalid, forbidden, too large):
-// retrying at once cannot help, so the pair backs off like after a failed worker.
+// CreateRefusal is a worker pod the API server would not create (invalid, forbidden, too large), or
+// one the operator could not make (its service account unreadable): retrying at once cannot help,
+// so the pair backs off like after a failed worker.
 type CreateRefusal struct {
 	Action  WorkerAction
 	Attempt int32
+	// Reason is the status reason of the failed attempt: "" for ReasonPodRejected (the API server
+	// refused the pod; Message quotes it), else the operator's own class, such as
+	// ReasonServiceAccountUnreadable (Message says what failed).
+	Reason  string
 	Message string
 }
 
@@ -69,6 +74,9 @@ const (
 	ReasonInvalidConfig = "InvalidConfig"
 	// ReasonPodRejected: the API server refused the worker pod.
 	ReasonPodRejected = "PodRejected"
+	// ReasonServiceAccountUnreadable: the operator could not read the service account of the
+	// worker pod for its imagePullSecrets, so it made no pod (CreateRefusal.Reason).
+	ReasonServiceAccountUnreadable = "ServiceAccountUnreadable"
 	// ReasonTimedOut: the worker pod did not finish within the worker timeout.
 	ReasonTimedOut = "TimedOut"
 )

@@ -54,7 +54,9 @@ const (
 	// (a stalled registry, a kubelet that never starts it); the pod is deleted.
 	WorkerTimedOut Trigger = "WorkerTimedOut"
 	// WorkerRejected: no worker pod could be made for the current attempt: its config is one the
-	// worker cannot act on (InvalidConfig), or the API server refused the pod (PodRejected).
+	// worker cannot act on (InvalidConfig), the API server refused the pod (PodRejected), or the
+	// operator could not read the pod's service account for its pull secrets
+	// (ServiceAccountUnreadable).
 	WorkerRejected Trigger = "WorkerRejected"
 	// BackOffExpired: the back-off after a failure is over.
 	BackOffExpired Trigger = "BackOffExpired"

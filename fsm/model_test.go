@@ -85,6 +85,7 @@ type faults struct {
 	strandedRecordDropped     bool // an Absent record of a config still in the kernel, with no spec entry, is dropped (before the fix of issue 18)
 	reloadIgnoresDevicePlugin bool // the NMC decision does not see the device plugin pod when the spec's config changed (a reload beside it)
 	reloadUnloadsNewConfig    bool // a reload pod's unload half is given the new config instead of the loaded one
+	drainSeesKMMPodsAsWork    bool // the drain takes kmm's worker pods for workloads (before the fix of issue 34)
 }
 
 type simNode struct {
@@ -620,6 +621,28 @@ func (w *world) drainFacts(node, key string, f *Facts) {
 		f.Drain.Pods = []WorkloadPod{{Namespace: "app", Name: "workload-" + node, UID: "workload-" + node,
 			PDBProtected: wl.pdb, Terminating: wl.terminating, Finalizers: wl.finalizer}}
 	}
+	f.Drain.Pods = append(f.Drain.Pods, w.kmmPodsOn(node)...)
+}
+
+// kmmPodsOn are kmm's own pods on the node as a drain with an empty podSelector reads them: the
+// worker pods of every Module and the device plugin pods (a DaemonSet's), in name order. The drain
+// must never touch one (executeDrain checks it).
+func (w *world) kmmPodsOn(node string) []WorkloadPod {
+	var out []WorkloadPod
+	for _, p := range w.pods {
+		if p.node == node && p.phase == PodRunning {
+			ns, _ := splitKey(p.module)
+			out = append(out, WorkloadPod{Namespace: ns, Name: p.name, UID: fmt.Sprint(p.uid), CreatedByKMM: !w.faults.drainSeesKMMPodsAsWork})
+		}
+	}
+	for k, on := range w.dpPods {
+		if n, key, _ := strings.Cut(k, "/"); on && n == node {
+			ns, name := splitKey(key)
+			out = append(out, WorkloadPod{Namespace: ns, Name: name + "-device-plugin-" + node, CreatedByKMM: true, DaemonSet: true})
+		}
+	}
+	slices.SortFunc(out, func(a, b WorkloadPod) int { return strings.Compare(a.Name, b.Name) })
+	return out
 }
 
 func (w *world) applyNMCFaults(f *Facts) {
@@ -719,6 +742,11 @@ func (w *world) executeDrain(node, key string, p Plan) bool {
 		return false
 	}
 	refused := d.Cordon && !w.patchCordon(node, key, true)
+	for _, p := range slices.Concat(d.Evict, d.Delete, d.StripFinalizers) {
+		if p.Name != "workload-"+node {
+			w.violate("drain: the drain of %s on %s touches %s/%s, a pod kmm created", key, node, p.Namespace, p.Name)
+		}
+	}
 	wl := w.workloads[node]
 	if wl == nil {
 		return refused

@@ -207,6 +207,8 @@ var seededFaults = []struct {
 	// unload and its load, and its unload half unloads what is loaded.
 	{"a reload is chosen beside the device plugin pod", faults{reloadIgnoresDevicePlugin: true}, "invariant 6: reload"},
 	{"a reload unloads the new config", faults{reloadUnloadsNewConfig: true}, "invariant 6: reload pod"},
+	// Issue 34: a drain with an empty podSelector evicted the worker pods of other Modules.
+	{"the drain evicts kmm's worker pods", faults{drainSeesKMMPodsAsWork: true}, "drain: the drain of"},
 }
 
 // FuzzModel runs the same property as TestModelInvariants from fuzzer-chosen inputs.

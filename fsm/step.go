@@ -215,6 +215,9 @@ func reasonFor(t Trigger, f *Facts) string {
 		if f.Spec != nil && f.specProblem() != nil {
 			return ReasonInvalidConfig
 		}
+		if r := f.CreateRefused; r != nil && r.Reason != "" {
+			return r.Reason
+		}
 		return ReasonPodRejected
 	}
 	return string(t)
@@ -235,6 +238,9 @@ func messageFor(t Trigger, f *Facts) string {
 	case WorkerRejected:
 		if err := f.specProblem(); err != nil {
 			return "no worker started, fix the Module: " + err.Error()
+		}
+		if f.CreateRefused.Reason != "" {
+			return "no worker pod made: " + f.CreateRefused.Message
 		}
 		return "the API server refused the worker pod: " + f.CreateRefused.Message
 	case WorkerSucceeded:

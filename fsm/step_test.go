@@ -222,6 +222,19 @@ func TestStepWorkerOutcomes(t *testing.T) {
 		f.CreateRefused = &CreateRefusal{Action: ActionLoad, Attempt: 0}
 		check(t, f, want{state: Loading, create: ActionLoad})
 	})
+	t.Run("service account unreadable: no pod, back-off with the operator's reason, then retried", func(t *testing.T) {
+		f := facts(e1, loading, readyNode(k1))
+		msg := `cannot read service account ns/loader for its imagePullSecrets: serviceaccounts "loader" is forbidden`
+		f.CreateRefused = &CreateRefusal{Action: ActionLoad, Attempt: 0, Reason: ReasonServiceAccountUnreadable, Message: msg}
+		r := check(t, f, want{state: LoadBackOff})
+		if r.Status.Reason != ReasonServiceAccountUnreadable || !strings.Contains(r.Status.Message, msg) || r.Status.Attempts != 1 ||
+			r.Plan.RequeueAfter != DefaultBackOff.Base {
+			t.Fatalf("status %+v plan %+v", r.Status, r.Plan)
+		}
+		f = facts(e1, *r.Status, readyNode(k1))
+		f.Now = t0.Add(DefaultBackOff.Base)
+		check(t, f, want{state: Loading, create: ActionLoad})
+	})
 	t.Run("worker pod past the timeout: LoadBackOff, pod deleted; before it, a requeue at the timeout", func(t *testing.T) {
 		f := facts(e1, loading, readyNode(k1))
 		f.Worker = Worker{Phase: PodRunning, Action: ActionLoad, Entry: *e1, EntryKnown: true, Created: t0.Add(-time.Minute)}

@@ -23,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/kmm-project/kmm/cmd/manager/app"
@@ -127,11 +128,22 @@ type Operator struct {
 // test stops it at its end (or earlier, by Stop).
 func (c *Cluster) StartOperator(t *testing.T) *Operator {
 	t.Helper()
+	return c.StartOperatorWith(t, nil)
+}
+
+// StartOperatorWith is StartOperator with the operator's rest config changed by configure first
+// (nil: unchanged), for tests that reach the API server as someone else for some requests.
+func (c *Cluster) StartOperatorWith(t *testing.T, configure func(*rest.Config)) *Operator {
+	t.Helper()
+	cfg := rest.CopyConfig(c.Env.Config)
+	if configure != nil {
+		configure(cfg)
+	}
 	opts := app.DefaultOptions()
 	opts.MetricsAddr, opts.ProbeAddr, opts.AllowRestartInProcess = "0", "0", true
 	opts.WebhookHost, opts.WebhookPort, opts.WebhookCertDir = c.Env.WebhookHost, c.Env.WebhookPort, c.Env.WebhookCertDir
 	opts.BackOff = BackOff
-	mgr, err := app.New(c.Env.Config, opts)
+	mgr, err := app.New(cfg, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
