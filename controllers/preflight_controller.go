@@ -28,8 +28,9 @@ import (
 
 // +kubebuilder:rbac:groups=kmm.sigs.x-k8s.io,resources=preflightvalidations,verbs=get;list;watch
 // +kubebuilder:rbac:groups=kmm.sigs.x-k8s.io,resources=preflightvalidations/status,verbs=get;update;patch
-// The Modules' imageRepoSecrets are read one by one, uncached, to check their images.
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get
+// The Modules' imageRepoSecrets are read one by one, uncached, to check their images. That
+// permission (get secrets) is not in the generated role: config/rbac/secret_reader_role.yaml grants
+// it cluster-wide, or an administrator per Module namespace (docs/install.md, Security).
 
 // Back-off of the re-checks of a PreflightValidation whose registries could not be reached.
 const (
@@ -50,6 +51,9 @@ type PreflightReconciler struct {
 	// (preflight.DefaultConcurrency when zero).
 	Registry    preflight.Registry
 	Concurrency int
+	// SecretsNamespaced: the operator reads Secrets only where a RoleBinding grants it
+	// (--secrets-cluster-wide=false), which a refused read's message says.
+	SecretsNamespaced bool
 	// Clock gives the transition times; nil means the real clock.
 	Clock clock.PassiveClock
 
@@ -96,6 +100,7 @@ func (r *PreflightReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	log := ctrl.LoggerFrom(ctx).WithValues("kernel", pv.Spec.KernelVersion)
 	verdicts, err := preflight.Run(ctx, r.Client, preflight.Options{
 		Kernel: pv.Spec.KernelVersion, Registry: r.Registry, Concurrency: r.Concurrency, Secrets: r.apiReader(),
+		SecretsNamespaced: r.SecretsNamespaced,
 	})
 	if err != nil {
 		return ctrl.Result{}, err

@@ -46,6 +46,10 @@ const (
 	// PreflightReasonInvalidSpec: the Module cannot be evaluated (a mapping or image that does not
 	// parse; it got past admission).
 	PreflightReasonInvalidSpec = "InvalidSpec"
+	// PreflightReasonSecretForbidden: the operator may not read the Module's imageRepoSecret (no
+	// RoleBinding to kmm-secret-reader in the Module's namespace when it reads Secrets namespace by
+	// namespace, docs/install.md); retried with back-off, so a RoleBinding created later is used.
+	PreflightReasonSecretForbidden = "SecretForbidden"
 )
 
 // MaxPreflightModules bounds status.modules of a PreflightValidation: the Modules verified in one
@@ -89,7 +93,7 @@ type PreflightValidationModuleStatus struct {
 	VerificationStage string `json:"verificationStage"`
 
 	// Reason is a CamelCase word: Success, NoMapping, ImageMissing, RegistryUnreachable,
-	// Unauthorized, InvalidKernelVersion or InvalidSpec (kmm's addition).
+	// Unauthorized, SecretForbidden, InvalidKernelVersion or InvalidSpec (kmm's addition).
 	// +optional
 	// +kubebuilder:validation:MaxLength=64
 	Reason string `json:"reason,omitempty"`

@@ -14,6 +14,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"net"
@@ -78,6 +79,10 @@ type Options struct {
 	WebhookConfigName string
 	// ServiceName is the webhook Service: the certificate is for <ServiceName>.<Namespace>.svc.
 	ServiceName string
+	// MetricsServiceName, when set, is the metrics Service: the certificate also covers
+	// <MetricsServiceName>.<Namespace>.svc, so that a scraper (the ServiceMonitor of
+	// config/prometheus) verifies the metrics endpoint with the same CA.
+	MetricsServiceName string
 	// CertDir is the webhook server's certificate directory (tls.crt, tls.key; ca.crt too).
 	CertDir string
 	// Validity is how long a serving certificate is valid; RefreshBefore how long before its end
@@ -92,14 +97,15 @@ type Options struct {
 // DefaultOptions are the settings of config/default.
 func DefaultOptions() Options {
 	return Options{ //nolint:gosec // G101: names of Kubernetes objects, no credentials
-		SecretName:        "kmm-webhook-cert",
-		Namespace:         "kmm-system",
-		WebhookConfigName: "kmm-validating-webhook",
-		ServiceName:       "kmm-webhook-service",
-		Validity:          365 * 24 * time.Hour,
-		RefreshBefore:     90 * 24 * time.Hour,
-		CheckInterval:     time.Hour,
-		ControllerName:    "kmm-cert-rotator",
+		SecretName:         "kmm-webhook-cert",
+		Namespace:          "kmm-system",
+		WebhookConfigName:  "kmm-validating-webhook",
+		ServiceName:        "kmm-webhook-service",
+		MetricsServiceName: "kmm-metrics-service",
+		Validity:           365 * 24 * time.Hour,
+		RefreshBefore:      90 * 24 * time.Hour,
+		CheckInterval:      time.Hour,
+		ControllerName:     "kmm-cert-rotator",
 	}
 }
 
@@ -118,6 +124,17 @@ func (o Options) Validate() error {
 
 // DNSName is the name the API server checks the certificate against: <service>.<namespace>.svc.
 func (o Options) DNSName() string { return o.ServiceName + "." + o.Namespace + ".svc" }
+
+// DNSNames are every name the serving certificate covers: the webhook Service's (DNSName first)
+// and, with MetricsServiceName, the metrics Service's, each also with .cluster.local.
+func (o Options) DNSNames() []string {
+	names := []string{o.DNSName(), o.DNSName() + ".cluster.local"}
+	if o.MetricsServiceName != "" {
+		m := o.MetricsServiceName + "." + o.Namespace + ".svc"
+		names = append(names, m, m+".cluster.local")
+	}
+	return names
+}
 
 func (o Options) secretKey() types.NamespacedName {
 	return types.NamespacedName{Namespace: o.Namespace, Name: o.SecretName}
@@ -142,10 +159,55 @@ func EnsureSecret(ctx context.Context, c client.Client, o Options) error {
 		},
 		Type: corev1.SecretTypeOpaque,
 	}
-	if err := c.Create(ctx, s); err != nil && !apierrors.IsAlreadyExists(err) {
+	err := c.Create(ctx, s)
+	if err == nil {
+		return nil
+	}
+	if !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("creating the certificate Secret %s: %w", o.secretKey(), err)
 	}
+	return dropIncompleteCert(ctx, c, o)
+}
+
+// dropIncompleteCert removes the serving certificate (not the CA) from the Secret when it does not
+// cover every name of DNSNames, e.g. one written before the metrics Service's name was added: the
+// rotator checks only the webhook's name, and would keep it until its renewal. Without it, the
+// rotator issues a new one with the same CA (the caBundle does not change). A conflict means
+// another replica wrote the Secret meanwhile; the next start looks again.
+func dropIncompleteCert(ctx context.Context, c client.Client, o Options) error {
+	s := &corev1.Secret{}
+	if err := c.Get(ctx, o.secretKey(), s); err != nil {
+		return fmt.Errorf("reading the certificate Secret %s: %w", o.secretKey(), err)
+	}
+	if len(s.Data[CertFile]) == 0 || CoversAll(s.Data[CertFile], o.DNSNames()) {
+		return nil
+	}
+	delete(s.Data, CertFile)
+	delete(s.Data, KeyFile)
+	if err := c.Update(ctx, s); err != nil && !apierrors.IsConflict(err) {
+		return fmt.Errorf("removing the serving certificate that lacks names from %s: %w", o.secretKey(), err)
+	}
+	ctrl.Log.WithName("certs").Info("The serving certificate does not cover every name: it will be issued again", "names", o.DNSNames())
 	return nil
+}
+
+// CoversAll says whether the first certificate of the PEM data is valid for each of names (a
+// certificate that does not parse covers nothing).
+func CoversAll(certPEM []byte, names []string) bool {
+	block, _ := pem.Decode(certPEM)
+	if block == nil {
+		return false
+	}
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		return false
+	}
+	for _, n := range names {
+		if cert.VerifyHostname(n) != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // Setup adds the rotator and the copy of the certificate into CertDir to mgr, whose cache must
@@ -163,7 +225,7 @@ func Setup(mgr ctrl.Manager, o Options) (<-chan struct{}, error) {
 		CAName:             "kmm-webhook-ca",
 		CAOrganization:     "kmm",
 		DNSName:            o.DNSName(),
-		ExtraDNSNames:      []string{o.DNSName() + ".cluster.local"},
+		ExtraDNSNames:      o.DNSNames()[1:],
 		IsReady:            ready,
 		Webhooks:           []rotator.WebhookInfo{{Name: o.WebhookConfigName, Type: rotator.Validating}},
 		FieldOwner:         "kmm-cert-rotator",

@@ -20,6 +20,8 @@ const (
 	Denied Outcome = "Denied"
 	// Unreachable: no answer in time, a network or TLS failure, or a server error.
 	Unreachable Outcome = "Unreachable"
+	// SecretForbidden: the operator may not read the pull secret; the registry was not asked.
+	SecretForbidden Outcome = "SecretForbidden"
 )
 
 // CheckResult is the answer of one image check.
@@ -113,6 +115,10 @@ func Decide(m *kmmv1beta1.Module, kernel string, check CheckResult) Verdict {
 	case Denied:
 		out.Reason = kmmv1beta1.PreflightReasonUnauthorized
 		out.Message = fmt.Sprintf("the registry refused access to %s: %s", t.Image, check.Detail)
+	case SecretForbidden:
+		// Not final: checked again with back-off, so that a RoleBinding created later is used.
+		out.Reason, out.Final = kmmv1beta1.PreflightReasonSecretForbidden, false
+		out.Message = fmt.Sprintf("%s was not checked: %s", t.Image, check.Detail)
 	default:
 		out.Reason, out.Final = kmmv1beta1.PreflightReasonRegistryUnreachable, false
 		out.Message = fmt.Sprintf("the registry of %s could not be asked: %s", t.Image, check.Detail)

@@ -54,6 +54,8 @@ func TestDecide(t *testing.T) {
 			kmmv1beta1.PreflightReasonImageMissing, false, "reg.example.com/nic:literal", false},
 		{"credentials refused", testModule(), "5.14.0-1.el9.x86_64", CheckResult{Outcome: Denied},
 			kmmv1beta1.PreflightReasonUnauthorized, false, "reg.example.com/nic:literal", false},
+		{"pull secret the operator may not read: retried", testModule(), "5.14.0-1.el9.x86_64", CheckResult{Outcome: SecretForbidden},
+			kmmv1beta1.PreflightReasonSecretForbidden, false, "reg.example.com/nic:literal", true},
 		{"registry unreachable: retried", testModule(), "5.14.0-1.el9.x86_64", CheckResult{Outcome: Unreachable},
 			kmmv1beta1.PreflightReasonRegistryUnreachable, false, "reg.example.com/nic:literal", true},
 		{"kernel that is no kernel version", testModule(), "not/a/kernel", CheckResult{Outcome: Found},

@@ -31,6 +31,25 @@ type Options struct {
 	// Secrets reads the Modules' pull secrets (Run's reader when nil): the operator reads them
 	// uncached, one get each, instead of caching every Secret of the cluster.
 	Secrets client.Reader
+	// SecretsNamespaced says that the operator may read Secrets only in the namespaces where a
+	// RoleBinding grants it (--secrets-cluster-wide=false): a refused read then names the
+	// RoleBinding to create. Otherwise it names the missing ClusterRoleBinding.
+	SecretsNamespaced bool
+}
+
+// The RBAC objects a refused read of a pull secret points to (config/rbac).
+const (
+	SecretReaderRole    = "kmm-secret-reader"
+	SecretReaderBinding = "kmm-secret-reader-rolebinding"
+)
+
+// forbiddenDetail says why the operator could not read a pull secret and what grants it.
+func forbiddenDetail(namespace, name string, namespaced bool) string {
+	if namespaced {
+		return fmt.Sprintf("the operator may not get the imageRepoSecret %s/%s: it reads Secrets only in namespaces with a RoleBinding to the ClusterRole %s for its ServiceAccount (--secrets-cluster-wide=false); create one in %s (config/samples/secret-reader-rolebinding.yaml)",
+			namespace, name, SecretReaderRole, namespace)
+	}
+	return fmt.Sprintf("the operator may not get the imageRepoSecret %s/%s: the ClusterRoleBinding %s (config/rbac) is missing or changed", namespace, name, SecretReaderBinding)
 }
 
 // Run verifies every Module the reader lists (those being deleted aside) for o.Kernel and returns
@@ -76,7 +95,7 @@ func Verify(ctx context.Context, modules []*kmmv1beta1.Module, nodes []corev1.No
 			continue
 		}
 		g.Go(func() error {
-			check, err := checkModule(gctx, secrets, o.Registry, m, target, Platforms(m, nodes))
+			check, err := checkModule(gctx, secrets, o.SecretsNamespaced, o.Registry, m, target, Platforms(m, nodes))
 			if err != nil {
 				return err
 			}
@@ -91,13 +110,16 @@ func Verify(ctx context.Context, modules []*kmmv1beta1.Module, nodes []corev1.No
 }
 
 // checkModule reads the Module's pull secret and checks its image.
-func checkModule(ctx context.Context, secrets client.Reader, reg Registry, m *kmmv1beta1.Module, t *Target, platforms []v1.Platform) (CheckResult, error) {
+func checkModule(ctx context.Context, secrets client.Reader, namespaced bool, reg Registry, m *kmmv1beta1.Module, t *Target, platforms []v1.Platform) (CheckResult, error) {
 	var pull []corev1.Secret
 	if t.PullSecret != "" {
 		s := &corev1.Secret{}
 		err := secrets.Get(ctx, client.ObjectKey{Namespace: m.Namespace, Name: t.PullSecret}, s)
 		if apierrors.IsNotFound(err) {
 			return CheckResult{Outcome: Denied, Detail: fmt.Sprintf("the imageRepoSecret %s/%s does not exist", m.Namespace, t.PullSecret)}, nil
+		}
+		if apierrors.IsForbidden(err) {
+			return CheckResult{Outcome: SecretForbidden, Detail: forbiddenDetail(m.Namespace, t.PullSecret, namespaced)}, nil
 		}
 		if err != nil {
 			return CheckResult{}, fmt.Errorf("reading the imageRepoSecret %s/%s of Module %s: %w", m.Namespace, t.PullSecret, key(m), err)

@@ -163,16 +163,29 @@ func TestInstall(t *testing.T) {
 		}
 	})
 
+	var metricsTLSConfig *tls.Config
+	step("metrics serve the operator's certificate, verified as config/prometheus's ServiceMonitor verifies it", func(t *testing.T) {
+		metricsTLSConfig = metricsTLS(t, admin)
+		conn, err := tls.Dial("tcp", a.metricsAddr, metricsTLSConfig)
+		if err != nil {
+			t.Fatalf("a TLS handshake with the metrics endpoint, trusting the ServiceMonitor's CA for %s: %v", metricsTLSConfig.ServerName, err)
+		}
+		defer func() { _ = conn.Close() }()
+		if got, want := fmt.Sprintf("%x", sha256.Sum256(conn.ConnectionState().PeerCertificates[0].Raw)), fingerprint(getSecret(t, admin).Data["tls.crt"]); got != want {
+			t.Error("the metrics endpoint serves another certificate than the Secret's")
+		}
+	})
+
 	step("metrics answer only a token allowed to get /metrics", func(t *testing.T) {
-		if code := a.metrics(t, ""); code != http.StatusUnauthorized {
+		if code := a.metrics(t, metricsTLSConfig, ""); code != http.StatusUnauthorized {
 			t.Errorf("no token: %d, want 401", code)
 		}
 		reader := scraper(t, admin, cs, "metrics-reader", true)
 		stranger := scraper(t, admin, cs, "metrics-stranger", false)
-		if code := a.metrics(t, stranger); code != http.StatusForbidden {
+		if code := a.metrics(t, metricsTLSConfig, stranger); code != http.StatusForbidden {
 			t.Errorf("a token not bound to kmm-metrics-reader: %d, want 403", code)
 		}
-		if code := a.metrics(t, reader); code != http.StatusOK {
+		if code := a.metrics(t, metricsTLSConfig, reader); code != http.StatusOK {
 			t.Errorf("a token bound to kmm-metrics-reader: %d, want 200", code)
 		}
 	})
@@ -256,6 +269,70 @@ func TestInstall(t *testing.T) {
 			return a.servedCert(t, current.Data["ca.crt"]) == fingerprint(current.Data["tls.crt"]) &&
 				b.servedCert(t, current.Data["ca.crt"]) == fingerprint(current.Data["tls.crt"]), "both replicas to serve the Secret's certificate"
 		})
+	})
+
+	var pull *pullScenario
+	whole := t
+	step("cluster-wide Secret get: a PreflightValidation reads the Modules' pull secrets; no list or watch of Secrets outside kmm-system", func(t *testing.T) {
+		pull = setupPullScenario(t, whole, admin)
+		pull.verify(t, admin, "secrets-cluster-wide", map[string]string{
+			secretsNSA: kmmv1beta1.PreflightReasonSuccess, secretsNSB: kmmv1beta1.PreflightReasonSuccess,
+		}, 60*time.Second)
+		if allowed := secretVerbsOutsideOwnNamespace(t, operator); len(allowed) > 0 {
+			t.Errorf("the operator may %s", strings.Join(allowed, ", "))
+		}
+		if !operatorMayGetSecrets(t, admin, metav1.NamespaceAll) {
+			t.Error("config/default: the operator may not get Secrets in every namespace")
+		}
+	})
+
+	step("namespaced Secret access (config/components/namespaced-secrets): a pull secret is read only where a RoleBinding grants it, SecretForbidden elsewhere", func(t *testing.T) {
+		a.stop()
+		b.stop()
+		publish(t, admin, port)
+		scoped := renderWithComponents(t, "default", namespacedSecrets)
+		// What the component leaves out goes, as `kubectl apply --prune` would remove it.
+		for _, u := range objs {
+			if install.Find(scoped, u.GetKind(), u.GetName()) == nil {
+				if err := admin.Delete(ctx, u.DeepCopy()); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if err := install.Apply(ctx, admin, scoped, false, nil); err != nil {
+			t.Fatal(err)
+		}
+		args, err := install.ContainerArgs(install.Find(scoped, "Deployment", deploymentName), "manager")
+		if err != nil {
+			t.Fatal(err)
+		}
+		a = startReplica(t, operator, args, "192.0.2.1", port)
+		all = append(all, a)
+		a.waitReady(t)
+		publish(t, admin, port, a)
+
+		sampleRoleBindingIn(t, admin, secretsNSA)
+		inA, inB, everywhere := operatorMayGetSecrets(t, admin, secretsNSA), operatorMayGetSecrets(t, admin, secretsNSB), operatorMayGetSecrets(t, admin, metav1.NamespaceAll)
+		if !inA || inB || everywhere {
+			t.Errorf("the operator may get Secrets in %s: %v, in %s: %v, everywhere: %v; want only in %s", secretsNSA, inA, secretsNSB, inB, everywhere, secretsNSA)
+		}
+		if allowed := secretVerbsOutsideOwnNamespace(t, operator); len(allowed) > 0 {
+			t.Errorf("the operator may %s", strings.Join(allowed, ", "))
+		}
+		got := pull.verify(t, admin, "secrets-namespaced", map[string]string{
+			secretsNSA: kmmv1beta1.PreflightReasonSuccess, secretsNSB: kmmv1beta1.PreflightReasonSecretForbidden,
+		}, 60*time.Second)
+		refused := got[secretsNSB]
+		if refused.VerificationStage != kmmv1beta1.VerificationStageImage || !strings.Contains(refused.StatusReason, "RoleBinding") || !strings.Contains(refused.StatusReason, secretsNSB) {
+			t.Errorf("the refused read: stage %s, %q; want it retried and naming the RoleBinding to create in %s", refused.VerificationStage, refused.StatusReason, secretsNSB)
+		}
+		poll.Until(t, 10*time.Second, 100*time.Millisecond, func() (bool, string) {
+			return forbiddenEvent(t, admin, "secrets-namespaced", secretsNSB), "a Warning Event PreflightSecretForbidden for " + secretsNSB
+		})
+		// The administrator grants it: the next check (back-off) reads the Secret.
+		sampleRoleBindingIn(t, admin, secretsNSB)
+		pull.wait(t, admin, "secrets-namespaced", map[string]string{secretsNSB: kmmv1beta1.PreflightReasonSuccess}, 90*time.Second)
+		pull.cleanup(t, admin)
 	})
 
 	step("uninstall refuses while Modules exist, then removes kmm with the CRDs last", func(t *testing.T) {
@@ -476,15 +553,15 @@ func (r *replica) servedCert(t *testing.T, ca []byte) string {
 	return fmt.Sprintf("%x", sha256.Sum256(conn.ConnectionState().PeerCertificates[0].Raw))
 }
 
-// metrics GETs /metrics over HTTPS with the bearer token (none when empty) and returns the status.
-func (r *replica) metrics(t *testing.T, bearer string) int {
+// metrics GETs /metrics over HTTPS, verifying the server with tlsConfig, with the bearer token
+// (none when empty) and returns the status.
+func (r *replica) metrics(t *testing.T, tlsConfig *tls.Config, bearer string) int {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodGet, "https://"+r.metricsAddr+"/metrics", nil)
 	if bearer != "" {
 		req.Header.Set("Authorization", "Bearer "+bearer)
 	}
-	// The metrics certificate is self-signed: what matters here is who may read.
-	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsConfig}}
 	resp, err := hc.Do(req)
 	if err != nil {
 		t.Fatalf("GET /metrics: %v", err)

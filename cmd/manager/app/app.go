@@ -8,6 +8,7 @@ package app
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"flag"
 	"fmt"
 	"os"
@@ -103,6 +104,11 @@ type Options struct {
 	WorkerRegistry controllers.WorkerRegistryOptions
 	// NMCConcurrency is how many nodes the NMC controller reconciles at once.
 	NMCConcurrency int
+	// SecretsClusterWide says how the operator may read the Modules' pull secrets: through a
+	// ClusterRoleBinding to kmm-secret-reader (config/default), or, when false, through a RoleBinding
+	// in each Module namespace that an administrator creates (config/components/namespaced-secrets).
+	// It changes only what a refused read tells the user to do (docs/install.md, Security).
+	SecretsClusterWide bool
 	// PreflightConcurrency is how many image checks a PreflightValidation runs at once;
 	// PreflightCheckTimeout bounds each.
 	PreflightConcurrency  int
@@ -139,6 +145,7 @@ func DefaultOptions() Options {
 		// --firmware-host-path=/lib/firmware --set-firmware-class-path=false.
 		FirmwareHostPath:     controllers.FirmwareHostPath,
 		SetFirmwareClassPath: true,
+		SecretsClusterWide:   true,
 	}
 }
 
@@ -164,6 +171,8 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.Certs.Namespace, "cert-namespace", o.Certs.Namespace, "Namespace of that Secret and of the webhook Service.")
 	fs.StringVar(&o.Certs.WebhookConfigName, "webhook-config-name", o.Certs.WebhookConfigName, "ValidatingWebhookConfiguration whose caBundle kmm keeps current (--cert-management=self).")
 	fs.StringVar(&o.Certs.ServiceName, "webhook-service-name", o.Certs.ServiceName, "Service of the webhook: the certificate is for <service>.<cert-namespace>.svc.")
+	fs.StringVar(&o.Certs.MetricsServiceName, "metrics-service-name", o.Certs.MetricsServiceName, "Service of the metrics endpoint: the certificate kmm manages also covers <service>.<cert-namespace>.svc, and --metrics-secure serves it; empty: the webhook's names only.")
+	fs.BoolVar(&o.SecretsClusterWide, "secrets-cluster-wide", o.SecretsClusterWide, "The operator reads the Modules' pull secrets through a cluster-wide grant (ClusterRoleBinding kmm-secret-reader-rolebinding); false: through a RoleBinding per Module namespace, and a refused read names the RoleBinding to create.")
 	fs.DurationVar(&o.Certs.Validity, "cert-validity", o.Certs.Validity, "How long a serving certificate kmm generates is valid.")
 	fs.DurationVar(&o.Certs.RefreshBefore, "cert-refresh-before", o.Certs.RefreshBefore, "How long before its end a serving certificate (or the CA) is replaced.")
 	fs.DurationVar(&o.Certs.CheckInterval, "cert-check-interval", o.Certs.CheckInterval, "How often kmm checks whether the certificate must be replaced.")
@@ -378,11 +387,17 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 
 	metrics := metricsserver.Options{BindAddress: o.MetricsAddr}
 	if o.MetricsSecure {
-		// No certificate directory: controller-runtime serves a self-signed certificate, which
-		// encrypts; who may read is decided by the API server's TokenReview and
-		// SubjectAccessReview. A ServiceMonitor skips verifying it (config/prometheus).
+		// Who may read is decided by the API server's TokenReview and SubjectAccessReview.
 		metrics.SecureServing = true
 		metrics.FilterProvider = filters.WithAuthenticationAndAuthorization
+		if !o.DisableWebhook {
+			// The webhook's serving certificate (kmm's or cert-manager's), which also covers the
+			// metrics Service (--metrics-service-name): a scraper verifies it with the CA of the
+			// certificate Secret (config/prometheus). Without a webhook, controller-runtime's
+			// self-signed certificate (local runs).
+			fc := &certs.FileCertificate{Dir: o.webhookCertDir()}
+			metrics.TLSOpts = []func(*tls.Config){func(c *tls.Config) { c.GetCertificate = fc.GetCertificate }}
+		}
 	}
 	leaseEvents := &lateEvents{}
 	lock, err := fencedLeaderElection(cfg, o, leaseEvents)
@@ -547,7 +562,10 @@ func (g gatedRunnable) NeedLeaderElection() bool {
 // cacheOptions scope what the operator holds in memory: only its own pods (worker and device
 // plugin pods), not every pod in the cluster; no object's managedFields (nothing reads them, and an
 // NMC written by several Modules carries one entry per Module); no Node's image list.
-// With self-managed certificates it also holds the one certificate Secret.
+// Secrets: only those of the operator's namespace (--cert-namespace), and with self-managed
+// certificates only the certificate Secret. Nothing reads other Secrets from the cache (the pull
+// secrets are read uncached, one get each); should something try, the cache refuses instead of
+// starting a cluster-wide list and watch of Secrets, which the operator may not do.
 func cacheOptions(o Options, c certs.Options) cache.Options {
 	opts := cache.Options{
 		DefaultTransform: cache.TransformStripManagedFields(),
@@ -558,6 +576,8 @@ func cacheOptions(o Options, c certs.Options) cache.Options {
 	}
 	if o.selfManagedCerts() {
 		opts.ByObject[&corev1.Secret{}] = c.SecretCache()
+	} else if c.Namespace != "" {
+		opts.ByObject[&corev1.Secret{}] = cache.ByObject{Namespaces: map[string]cache.Config{c.Namespace: {}}}
 	}
 	return opts
 }
@@ -609,6 +629,8 @@ func setupControllers(mgr ctrl.Manager, o Options) error {
 		Recorder:    mgr.GetEventRecorder("kmm-preflight"),
 		Registry:    preflight.Registry{Timeout: o.PreflightCheckTimeout},
 		Concurrency: o.PreflightConcurrency,
+
+		SecretsNamespaced: !o.SecretsClusterWide,
 	}
 	if err := pfv.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the PreflightValidation controller: %w", err)

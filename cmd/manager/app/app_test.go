@@ -9,6 +9,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kmm-project/kmm/internal/certs"
 )
 
 func TestStripNodeKeepsWhatKMMReads(t *testing.T) {
@@ -104,5 +106,32 @@ func TestWorkerRegistryFlags(t *testing.T) {
 	}
 	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "credential provider") {
 		t.Errorf("a provider config without its bin dir: %v", err)
+	}
+}
+
+// TestSecretCacheStaysInTheOperatorNamespace checks that the cache holds Secrets of the operator's
+// namespace only, whoever manages the certificate: a cached read of another Secret must fail, not
+// start a cluster-wide list and watch of Secrets.
+func TestSecretCacheStaysInTheOperatorNamespace(t *testing.T) {
+	for _, mode := range []string{certs.ModeSelf, certs.ModeNone} {
+		o := DefaultOptions()
+		o.CertManagement = mode
+		opts := cacheOptions(o, o.certOptions())
+		var found bool
+		for obj, by := range opts.ByObject {
+			if _, ok := obj.(*corev1.Secret); !ok {
+				continue
+			}
+			found = true
+			if len(by.Namespaces) != 1 {
+				t.Errorf("--cert-management=%s: Secrets cached in %v, want only %s", mode, by.Namespaces, o.Certs.Namespace)
+			}
+			if _, ok := by.Namespaces[o.Certs.Namespace]; !ok {
+				t.Errorf("--cert-management=%s: Secrets cached in %v, want only %s", mode, by.Namespaces, o.Certs.Namespace)
+			}
+		}
+		if !found {
+			t.Errorf("--cert-management=%s: the cache would hold Secrets of every namespace", mode)
+		}
 	}
 }
