@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"fmt"
 	"maps"
-	"net"
 	"net/http"
 	neturl "net/url"
 	"os"
@@ -21,6 +20,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/kmm-project/kmm/test/netport"
 )
 
 // apiServerFlags are the kube-apiserver flags a real node needs on top of envtest's defaults
@@ -165,7 +166,7 @@ func (c *Cluster) userKubeconfig(file, user string, groups ...string) (string, e
 // startComponent starts kube-controller-manager or kube-scheduler on a free loopback port and
 // waits for its /healthz.
 func (c *Cluster) startComponent(name, kubeconfig string, args ...string) (*process, error) {
-	port, err := freePort("127.0.0.1")
+	port, err := netport.Free("127.0.0.1")
 	if err != nil {
 		return nil, err
 	}
@@ -200,15 +201,6 @@ func writeKubeconfig(path string, cfg *rest.Config) error {
 	kc.Contexts["e2e"] = &clientcmdapi.Context{Cluster: "e2e", AuthInfo: "user"}
 	kc.CurrentContext = "e2e"
 	return clientcmd.WriteToFile(*kc, path)
-}
-
-func freePort(host string) (int, error) {
-	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
-	if err != nil {
-		return 0, err
-	}
-	defer func() { _ = l.Close() }()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // hostNetworkEnv is the environment a hostNetwork pod needs for its in-cluster configuration to

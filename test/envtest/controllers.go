@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +11,8 @@ import (
 	"time"
 
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/kmm-project/kmm/test/netport"
 )
 
 // KubeControllers are the kube-controller-manager controllers the tests need: DaemonSets for device
@@ -56,7 +57,7 @@ func (e *Env) StartKubeControllers() error {
 
 // startProcess starts one control-plane binary with the common flags and logs into dir.
 func (e *Env) startProcess(dir, kubeconfig, binary string, args []string) error {
-	port, err := freePort()
+	port, err := netport.Free("127.0.0.1")
 	if err != nil {
 		return err
 	}
@@ -89,15 +90,6 @@ func (e *Env) startProcess(dir, kubeconfig, binary string, args []string) error 
 		return log.Close()
 	})
 	return nil
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer func() { _ = l.Close() }()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // stopProcesses stops what StartKubeControllers started and removes its files.
