@@ -20,6 +20,15 @@ import (
 	"github.com/kmm-project/kmm/test/netport"
 )
 
+// The chaos plane is not test/envtest's starter alone: its faults kill etcd and kube-apiserver and
+// start them again with the same command line (same ports, data and certificates), which envtest,
+// starting each process once and stopping it only with the whole plane, cannot do; and the highly
+// available plane (-chaos.apiservers > 1) is a 3-member etcd and several kube-apiservers behind a
+// balancer, which envtest does not start. So the harness starts the plane with envtest.StartWith,
+// takes over its two processes (findChild) or replaces them (startEtcdCluster, startAPIServers),
+// then starts kube-controller-manager and kube-scheduler with envtest's StartKubeControllers; the
+// ports come from test/netport.
+
 // restartable is one control-plane process (etcd or kube-apiserver) the injector kills and starts
 // again with the same command line: same ports, same data directory, same certificates.
 type restartable struct {
