@@ -63,7 +63,7 @@ demo: tools packages ## Run kmm end to end on a local control plane: load, reboo
 	@echo ">> building the worker and kubectl-kmm"
 	CGO_ENABLED=0 go build -o $(BIN)/worker ./cmd/worker
 	go build -o $(BIN)/kubectl-kmm ./cmd/kubectl-kmm
-	go run ./cmd/kmm-demo --worker $(BIN)/worker --kubectl-kmm $(BIN)/kubectl-kmm
+	go run ./test/demo/kmm-demo --worker $(BIN)/worker --kubectl-kmm $(BIN)/kubectl-kmm
 
 ##@ Development
 
@@ -80,7 +80,7 @@ manifests: $(CONTROLLER_GEN) ## Generate CRDs, RBAC and webhook configuration in
 
 .PHONY: diagrams
 diagrams: ## Generate docs/state-diagrams/ from the state machine configuration.
-	go run ./cmd/kmm-diagrams docs/state-diagrams
+	go run ./hack/kmm-diagrams docs/state-diagrams
 
 .PHONY: fmt
 fmt: ## Run gofmt.
@@ -142,7 +142,7 @@ SCALE_FLAGS ?=
 .PHONY: bench-scale
 bench-scale: tools ## Scale harness (test/scale): NODES simulated nodes x MODULES Modules; writes bin/scale/result-NODESxMODULES.json.
 	CGO_ENABLED=0 go build -o $(BIN)/manager ./cmd/manager
-	go build -o $(BIN)/kmm-scale ./cmd/kmm-scale
+	go build -o $(BIN)/kmm-scale ./test/scale/kmm-scale
 	$(BIN)/kmm-scale --nodes $(NODES) --modules $(MODULES) --manager $(BIN)/manager --out $(BIN)/scale $(SCALE_FLAGS)
 
 # `make chaos` (test/chaos): how long faults are injected, the seed, and extra test flags
@@ -218,11 +218,11 @@ WORKER_IMG ?= $(if $(REGISTRY),$(REGISTRY)/)$(or $(WORKER_IMAGE),kmm-worker):$(o
 
 .PHONY: deploy
 deploy: $(KUSTOMIZE) ## Install kmm (config/default with IMG and WORKER_IMG) into the cluster of $KUBECONFIG, server-side applied.
-	go run ./cmd/kmm-deploy apply --kustomize $(KUSTOMIZE) --image kmm-manager=$(IMG) --image kmm-worker=$(WORKER_IMG) config/default
+	go run ./test/install/kmm-deploy apply --kustomize $(KUSTOMIZE) --image kmm-manager=$(IMG) --image kmm-worker=$(WORKER_IMG) config/default
 
 .PHONY: undeploy
 undeploy: $(KUSTOMIZE) ## Remove kmm from the cluster of $KUBECONFIG, CRDs last; refuses while Modules exist (docs/install.md).
-	go run ./cmd/kmm-deploy delete --kustomize $(KUSTOMIZE) config/default
+	go run ./test/install/kmm-deploy delete --kustomize $(KUSTOMIZE) config/default
 
 ##@ Tools
 

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/kmm-project/kmm/cmd/manager/app"
 	"github.com/kmm-project/kmm/test/envtest"
+	"github.com/kmm-project/kmm/test/netport"
 	"github.com/kmm-project/kmm/test/poll"
 )
 
@@ -173,12 +175,11 @@ func writeKubeconfig(t *testing.T, env *envtest.Env) string {
 
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := netport.Free("127.0.0.1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = l.Close() }()
-	return l.Addr().String()
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 }
 
 func get(addr, path string) int {

@@ -38,17 +38,13 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
-	env, err := envtest.Start()
+	env, err := envtest.StartWith(envtest.Options{KubeControllers: true})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	defer func() { _ = env.Stop() }()
 	restConfig = env.Config
-	if err := env.StartKubeControllers(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
 
 	ag, err = agent.New(env.Config, agent.Options{Hold: func(pod *corev1.Pod) bool {
 		_, ok := held.Load(pod.Namespace + "/" + pod.Name)

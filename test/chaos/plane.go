@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -18,7 +17,17 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/kmm-project/kmm/test/envtest"
+	"github.com/kmm-project/kmm/test/netport"
 )
+
+// The chaos plane is not test/envtest's starter alone: its faults kill etcd and kube-apiserver and
+// start them again with the same command line (same ports, data and certificates), which envtest,
+// starting each process once and stopping it only with the whole plane, cannot do; and the highly
+// available plane (-chaos.apiservers > 1) is a 3-member etcd and several kube-apiservers behind a
+// balancer, which envtest does not start. So the harness starts the plane with envtest.StartWith,
+// takes over its two processes (findChild) or replaces them (startEtcdCluster, startAPIServers),
+// then starts kube-controller-manager and kube-scheduler with envtest's StartKubeControllers; the
+// ports come from test/netport.
 
 // restartable is one control-plane process (etcd or kube-apiserver) the injector kills and starts
 // again with the same command line: same ports, same data directory, same certificates.
@@ -227,7 +236,7 @@ func startAPIServers(ctx context.Context, orig *restartable, n int, etcdServers,
 	a := &apiservers{restarting: map[int]bool{}}
 	var addrs []string
 	for i := range n {
-		port, err := freePort()
+		port, err := netport.Free("127.0.0.1")
 		if err != nil {
 			return a, err
 		}
@@ -322,15 +331,6 @@ func withArg(args []string, flag, value string) []string {
 	return out
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer func() { _ = l.Close() }()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 // etcdCluster is the highly available control plane's etcd: three members (a fresh cluster; the
 // kube-apiserver instances use it instead of envtest's single etcd), each restartable on its own.
 // Elections are fast (heartbeat 50 ms, election timeout 500 ms), as on a local network.
@@ -346,11 +346,11 @@ func startEtcdCluster(ctx context.Context, orig *restartable, n int, logDir stri
 	var peers []string
 	var clientPorts, peerPorts []int
 	for i := range n {
-		cp, err := freePort()
+		cp, err := netport.Free("127.0.0.1")
 		if err != nil {
 			return c, err
 		}
-		pp, err := freePort()
+		pp, err := netport.Free("127.0.0.1")
 		if err != nil {
 			return c, err
 		}

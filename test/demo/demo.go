@@ -105,15 +105,12 @@ func (d *demo) setUp(ctx context.Context) (func(), error) {
 		}
 	}
 	d.sayf("Starting the local control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler)")
-	env, err := envtest.Start()
+	env, err := envtest.StartWith(envtest.Options{KubeControllers: true})
 	if err != nil {
 		return cleanup, err
 	}
 	d.env = env
 	undo = append(undo, func() { _ = env.Stop() })
-	if err := env.StartKubeControllers(); err != nil {
-		return cleanup, err
-	}
 	dir, err := os.MkdirTemp("", "kmm-demo-")
 	if err != nil {
 		return cleanup, err

@@ -5,12 +5,10 @@ import (
 	"crypto/tls"
 	"fmt"
 	"maps"
-	"net"
 	"net/http"
 	neturl "net/url"
 	"os"
 	"path/filepath"
-	"strconv"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -18,9 +16,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	kmmenvtest "github.com/kmm-project/kmm/test/envtest"
+	"github.com/kmm-project/kmm/test/netport"
 )
 
 // apiServerFlags are the kube-apiserver flags a real node needs on top of envtest's defaults
@@ -89,6 +88,15 @@ func (c *Cluster) newEnvironment(extra map[string][]string) (*envtest.Environmen
 
 // startControlPlane starts etcd and kube-apiserver through envtest, then kube-controller-manager
 // and kube-scheduler, with their files and logs in the cluster's folder.
+//
+// It is not test/envtest's StartWith, which every other harness starts its plane with: a real
+// kubelet needs what that plane leaves out — kube-apiserver's client certificate for the kubelet
+// API (and its RBAC binding), the Node authorizer and NodeRestriction, the ServiceAccount admission
+// plugin, a service CIDR; every controller (`*`) with the root CA and the service-account signing
+// key; certificates, etcd data and logs in the cluster's folder, which the cleanup command and a
+// failed run's logs rely on; and readiness read from /healthz and the controllers' first work
+// rather than a fixed wait. It reuses that package's pieces: AssetsDir, ComponentFlags,
+// WriteKubeconfigFile, and test/netport for the ports.
 func (c *Cluster) startControlPlane(ctx context.Context, extra map[string][]string) error {
 	env, err := c.newEnvironment(extra)
 	if err != nil {
@@ -165,13 +173,12 @@ func (c *Cluster) userKubeconfig(file, user string, groups ...string) (string, e
 // startComponent starts kube-controller-manager or kube-scheduler on a free loopback port and
 // waits for its /healthz.
 func (c *Cluster) startComponent(name, kubeconfig string, args ...string) (*process, error) {
-	port, err := freePort("127.0.0.1")
+	port, err := netport.Free("127.0.0.1")
 	if err != nil {
 		return nil, err
 	}
-	args = append(args, "--kubeconfig="+kubeconfig, "--authentication-kubeconfig="+kubeconfig,
-		"--authorization-kubeconfig="+kubeconfig, "--bind-address=127.0.0.1", "--secure-port="+strconv.Itoa(port),
-		"--cert-dir="+filepath.Join(c.Dir, name))
+	args = append(args, kmmenvtest.ComponentFlags(kubeconfig, port)...)
+	args = append(args, "--cert-dir="+filepath.Join(c.Dir, name))
 	p, err := startProcess(c.LogDir(), name, filepath.Join(c.assets, name), args...)
 	if err != nil {
 		return nil, err
@@ -194,21 +201,7 @@ func (c *Cluster) startComponent(name, kubeconfig string, args ...string) (*proc
 
 // writeKubeconfig writes a kubeconfig for cfg (client certificate or token) to path.
 func writeKubeconfig(path string, cfg *rest.Config) error {
-	kc := clientcmdapi.NewConfig()
-	kc.Clusters["e2e"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
-	kc.AuthInfos["user"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData, Token: cfg.BearerToken}
-	kc.Contexts["e2e"] = &clientcmdapi.Context{Cluster: "e2e", AuthInfo: "user"}
-	kc.CurrentContext = "e2e"
-	return clientcmd.WriteToFile(*kc, path)
-}
-
-func freePort(host string) (int, error) {
-	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
-	if err != nil {
-		return 0, err
-	}
-	defer func() { _ = l.Close() }()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return kmmenvtest.WriteKubeconfigFile(path, "e2e", "user", cfg)
 }
 
 // hostNetworkEnv is the environment a hostNetwork pod needs for its in-cluster configuration to

@@ -15,6 +15,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/kmm-project/kmm/test/netport"
 )
 
 // The node's network, all of it on links the cluster creates: the node IP on one end of a veth
@@ -228,11 +230,11 @@ func (c *Cluster) startKubelet(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	port, err := freePort(nodeIP)
+	port, err := netport.Free(nodeIP)
 	if err != nil {
 		return err
 	}
-	healthz, err := freePort("127.0.0.1")
+	healthz, err := netport.Free("127.0.0.1")
 	if err != nil {
 		return err
 	}

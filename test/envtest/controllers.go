@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +11,8 @@ import (
 	"time"
 
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/kmm-project/kmm/test/netport"
 )
 
 // KubeControllers are the kube-controller-manager controllers the tests need: DaemonSets for device
@@ -54,14 +55,20 @@ func (e *Env) StartKubeControllers() error {
 	return nil
 }
 
+// ComponentFlags are the flags kube-controller-manager and kube-scheduler get in every plane: the
+// kubeconfig for the API server, authentication and authorization, and HTTPS on 127.0.0.1:port.
+func ComponentFlags(kubeconfig string, port int) []string {
+	return []string{"--kubeconfig=" + kubeconfig, "--authentication-kubeconfig=" + kubeconfig, "--authorization-kubeconfig=" + kubeconfig,
+		"--bind-address=127.0.0.1", "--secure-port=" + strconv.Itoa(port)}
+}
+
 // startProcess starts one control-plane binary with the common flags and logs into dir.
 func (e *Env) startProcess(dir, kubeconfig, binary string, args []string) error {
-	port, err := freePort()
+	port, err := netport.Free("127.0.0.1")
 	if err != nil {
 		return err
 	}
-	args = append(args, "--kubeconfig="+kubeconfig, "--authentication-kubeconfig="+kubeconfig, "--authorization-kubeconfig="+kubeconfig,
-		"--bind-address=127.0.0.1", "--secure-port="+strconv.Itoa(port))
+	args = append(args, ComponentFlags(kubeconfig, port)...)
 	log, err := os.Create(filepath.Join(dir, binary+".log"))
 	if err != nil {
 		return err
@@ -89,15 +96,6 @@ func (e *Env) startProcess(dir, kubeconfig, binary string, args []string) error 
 		return log.Close()
 	})
 	return nil
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer func() { _ = l.Close() }()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // stopProcesses stops what StartKubeControllers started and removes its files.

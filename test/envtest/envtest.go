@@ -1,6 +1,14 @@
 // Package envtest starts a real kube-apiserver and etcd (built into bin/ by `make tools`) with the kmm
-// CRDs and webhook configuration installed, for integration tests. Start it once per test package
-// from TestMain.
+// CRDs and webhook configuration installed, for integration tests, and on request
+// kube-controller-manager and kube-scheduler. Start it once per test package from TestMain.
+//
+// It is the one control-plane starter of the harnesses (test/README.md): the testbed, the agent's
+// tests, the demo, the scale and chaos harnesses, the install, takeover and preflight tests all
+// start their plane with StartWith. Two build on it or beside it for what it cannot give: test/chaos
+// replaces its etcd and kube-apiserver by restartable ones (and, for the highly available plane,
+// by an etcd cluster and several kube-apiservers), and test/e2e starts a plane for a real kubelet
+// (its certificates, Node authorizer and admission plugins); both reuse RepoRoot, AssetsDir,
+// ComponentFlags, WriteKubeconfigFile and test/netport.
 package envtest
 
 import (
@@ -46,13 +54,19 @@ type Options struct {
 	NoWebhook bool
 	// APIServerFlags are set on kube-apiserver on top of envtest's defaults.
 	APIServerFlags map[string]string
+	// KubeControllers also starts kube-controller-manager (KubeControllers) and kube-scheduler, as
+	// StartKubeControllers does.
+	KubeControllers bool
+	// StartTimeout is how long etcd and kube-apiserver may take to start (0: controlPlaneStart).
+	StartTimeout time.Duration
 }
 
 // controlPlaneStart bounds the start (and the stop) of etcd and kube-apiserver.
 const controlPlaneStart = 2 * time.Minute
 
 // StartWith starts etcd and kube-apiserver as o says and, unless o.Bare, installs config/crd and
-// config/webhook.
+// config/webhook; with o.KubeControllers it then starts kube-controller-manager and kube-scheduler.
+// On an error it stops whatever it started.
 func StartWith(o Options) (*Env, error) {
 	root, err := RepoRoot()
 	if err != nil {
@@ -66,7 +80,11 @@ func StartWith(o Options) (*Env, error) {
 	// kube-apiserver took longer with the other core running a test (five retries, then "timeout
 	// waiting for process kube-apiserver to start", no defect of kmm's). A start that needs more
 	// than controlPlaneStart is a broken build, not a slow machine.
-	te := &envtest.Environment{BinaryAssetsDirectory: assets, ControlPlaneStartTimeout: controlPlaneStart, ControlPlaneStopTimeout: controlPlaneStart}
+	start := o.StartTimeout
+	if start == 0 {
+		start = controlPlaneStart
+	}
+	te := &envtest.Environment{BinaryAssetsDirectory: assets, ControlPlaneStartTimeout: start, ControlPlaneStopTimeout: controlPlaneStart}
 	if !o.Bare {
 		te.CRDDirectoryPaths = []string{filepath.Join(root, "config", "crd", "bases")}
 		te.ErrorIfCRDPathMissing = true
@@ -86,7 +104,14 @@ func StartWith(o Options) (*Env, error) {
 		return nil, fmt.Errorf("starting kube-apiserver and etcd from %s: %w", assets, err)
 	}
 	w := te.WebhookInstallOptions
-	return &Env{Config: cfg, WebhookHost: w.LocalServingHost, WebhookPort: w.LocalServingPort, WebhookCertDir: w.LocalServingCertDir, env: te, assets: assets}, nil
+	e := &Env{Config: cfg, WebhookHost: w.LocalServingHost, WebhookPort: w.LocalServingPort, WebhookCertDir: w.LocalServingCertDir, env: te, assets: assets}
+	if o.KubeControllers {
+		if err := e.StartKubeControllers(); err != nil {
+			_ = e.Stop()
+			return nil, err
+		}
+	}
+	return e, nil
 }
 
 // Stop stops the control plane (and the kube controllers, if started) and removes its temporary files.
@@ -132,12 +157,17 @@ func RepoRoot() (string, error) {
 // WriteKubeconfig writes a kubeconfig for the environment's API server (as its administrator) to
 // dir/kubeconfig and returns its path, for binaries and plugins run against the environment.
 func (e *Env) WriteKubeconfig(dir string) (string, error) {
-	cfg := e.Config
-	kc := clientcmdapi.NewConfig()
-	kc.Clusters["envtest"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
-	kc.AuthInfos["admin"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData, Token: cfg.BearerToken}
-	kc.Contexts["envtest"] = &clientcmdapi.Context{Cluster: "envtest", AuthInfo: "admin"}
-	kc.CurrentContext = "envtest"
 	path := filepath.Join(dir, "kubeconfig")
-	return path, clientcmd.WriteToFile(*kc, path)
+	return path, WriteKubeconfigFile(path, "envtest", "admin", e.Config)
+}
+
+// WriteKubeconfigFile writes a kubeconfig for cfg (client certificate or token) to path: one
+// cluster and one context named cluster, one user named user.
+func WriteKubeconfigFile(path, cluster, user string, cfg *rest.Config) error {
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters[cluster] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
+	kc.AuthInfos[user] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData, Token: cfg.BearerToken}
+	kc.Contexts[cluster] = &clientcmdapi.Context{Cluster: cluster, AuthInfo: user}
+	kc.CurrentContext = cluster
+	return clientcmd.WriteToFile(*kc, path)
 }

@@ -1,7 +1,7 @@
 // Package install installs kmm from config/ the way an administrator does: it renders a
 // kustomization with bin/kustomize (built by `make tools`) and server-side applies the objects in
 // install order, or deletes them in the reverse order. `make deploy` and `make undeploy`
-// (cmd/kmm-deploy) and the install tests use it.
+// (test/install/kmm-deploy) and the install tests use it.
 package install
 
 import (

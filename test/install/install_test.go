@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -42,6 +43,7 @@ import (
 	"github.com/kmm-project/kmm/internal/logging"
 	"github.com/kmm-project/kmm/test/envtest"
 	"github.com/kmm-project/kmm/test/install"
+	"github.com/kmm-project/kmm/test/netport"
 	"github.com/kmm-project/kmm/test/poll"
 )
 
@@ -815,10 +817,9 @@ func intervals(start time.Time, ws []secretWrite) []time.Duration {
 
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := netport.Free("127.0.0.1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = l.Close() }()
-	return l.Addr().String()
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 }

@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"syscall"
 	"time"
+
+	"github.com/kmm-project/kmm/test/netport"
 )
 
 // operator is the kmm manager binary running as a separate process.
@@ -26,7 +28,7 @@ type operator struct {
 // startOperator runs the manager binary against kubeconfig, with the webhook served where envtest
 // registered it, and waits until it is ready (its webhook serves).
 func (h *harness) startOperator(ctx context.Context, name string) (*operator, error) {
-	ports, err := freePorts(3)
+	ports, err := netport.FreeN("127.0.0.1", 3)
 	if err != nil {
 		return nil, err
 	}
@@ -135,23 +137,3 @@ func saveProfile(ctx context.Context, c *http.Client, base string, seconds int, 
 }
 
 func hostPort(p int) string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(p)) }
-
-// freePorts returns n distinct free TCP ports on 127.0.0.1.
-func freePorts(n int) ([]int, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			_ = l.Close()
-		}
-	}()
-	var out []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		ls = append(ls, l)
-		out = append(out, l.Addr().(*net.TCPAddr).Port)
-	}
-	return out, nil
-}

@@ -7,7 +7,7 @@
 // requests by verb and resource (from the API server's apiserver_request_total, minus the
 // harness's and the agent's own requests, which the harness counts on its side), the operator's
 // writes per pair, its reconciles (controller_runtime_reconcile_total), its CPU seconds and its
-// peak RSS. cmd/kmm-scale runs it; `make bench-scale` builds and runs that.
+// peak RSS. test/scale/kmm-scale runs it; `make bench-scale` builds and runs that.
 package scale
 
 import (

@@ -94,17 +94,12 @@ func startAPIServer(t *testing.T) (*rest.Config, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	assets, err := envtest.AssetsDir(root)
+	env, err := envtest.StartWith(envtest.Options{Bare: true, StartTimeout: 4 * time.Minute})
 	if err != nil {
 		t.Fatal(err) // `make test` builds the control plane into bin/ first
 	}
-	env := &ctrlenvtest.Environment{BinaryAssetsDirectory: assets, ControlPlaneStartTimeout: 4 * time.Minute}
-	cfg, err := env.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
 	t.Cleanup(func() { _ = env.Stop() })
-	return cfg, root
+	return env.Config, root
 }
 
 // installCRD installs (or replaces) the CRDs of a file and waits until they are served.

@@ -60,7 +60,7 @@ type Cluster struct {
 // Start starts the control plane, the kube controllers the tests need (envtest.KubeControllers),
 // the test agent and the invariant 3 watch. Run runs the tests and stops it all.
 func Start() (*Cluster, error) {
-	env, err := envtest.Start()
+	env, err := envtest.StartWith(envtest.Options{KubeControllers: true})
 	if err != nil {
 		return nil, err
 	}
@@ -74,9 +74,6 @@ func Start() (*Cluster, error) {
 }
 
 func (c *Cluster) start(ctx context.Context) error {
-	if err := c.Env.StartKubeControllers(); err != nil {
-		return err
-	}
 	var err error
 	if c.Client, err = client.New(c.Env.Config, client.Options{Scheme: app.NewScheme()}); err != nil {
 		return err
