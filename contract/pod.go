@@ -12,7 +12,7 @@ const (
 	LabelManagedBy = "app.kubernetes.io/managed-by"
 	// ManagedBy is the value of LabelManagedBy.
 	ManagedBy = "kmm"
-	// LabelWorker marks every worker pod ("true"); controllers cache pods by this label only.
+	// LabelWorker marks every worker pod ("true").
 	LabelWorker = "kmm.sigs.x-k8s.io/worker"
 	// LabelNode is the node the pod runs on (also spec.nodeName).
 	LabelNode = "kmm.sigs.x-k8s.io/node"
@@ -22,7 +22,7 @@ const (
 	// LabelDevicePlugin marks device plugin DaemonSets and pods ("true"); they also carry
 	// LabelModuleNamespace and LabelModuleName.
 	LabelDevicePlugin = "kmm.sigs.x-k8s.io/device-plugin"
-	// LabelAction is "load" or "unload".
+	// LabelAction is the worker pod's Action: "load", "unload" or "reload".
 	LabelAction = "kmm.sigs.x-k8s.io/action"
 	// AnnotationConfig holds the worker Config as JSON; the downward API mounts it as ConfigFile.
 	AnnotationConfig = "kmm.sigs.x-k8s.io/worker-config"

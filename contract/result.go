@@ -79,7 +79,7 @@ const (
 // Result is what a worker run reports, as JSON in the container's termination message. The JSON
 // field names are a stable contract with the operator; parse it with ParseResult.
 type Result struct {
-	// Action is load or unload.
+	// Action is load, unload or reload.
 	Action Action `json:"action"`
 	// Namespace of the Module.
 	Namespace string `json:"namespace"`

@@ -17,10 +17,10 @@ import (
 // static pod's mirror and a DaemonSet's pod; a workload, a ReplicaSet's pod or a pod another tool
 // manages is not (issue 34: an empty podSelector evicted other Modules' worker pods).
 func TestDrainSparesKMMAndNodeBoundPods(t *testing.T) {
-	worker := func(a fsm.WorkerAction) *corev1.Pod {
+	worker := func(a contract.Action) *corev1.Pod {
 		in := intent("", false)
 		in.Action = a
-		if a == fsm.ActionReload {
+		if a == contract.ActionReload {
 			in.Previous = &in.Entry.Config
 		}
 		p, err := WorkerPod("node-1", WorkerPodOptions{Image: "kmm-worker:1"}, in)
@@ -48,9 +48,9 @@ func TestDrainSparesKMMAndNodeBoundPods(t *testing.T) {
 		pod  *corev1.Pod
 		want string
 	}{
-		{"a load worker pod", worker(fsm.ActionLoad), fsm.SparedKMM},
-		{"an unload worker pod", worker(fsm.ActionUnload), fsm.SparedKMM},
-		{"a reload worker pod", worker(fsm.ActionReload), fsm.SparedKMM},
+		{"a load worker pod", worker(contract.ActionLoad), fsm.SparedKMM},
+		{"an unload worker pod", worker(contract.ActionUnload), fsm.SparedKMM},
+		{"a reload worker pod", worker(contract.ActionReload), fsm.SparedKMM},
 		{"kmm's device plugin pod", devicePlugin, fsm.SparedKMM},
 		{"a kind of kmm pod added later (kmm's label only)", withLabels(map[string]string{contract.LabelManagedBy: contract.ManagedBy}), fsm.SparedKMM},
 		{"a static pod's mirror", &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "etcd-n1", Annotations: map[string]string{corev1.MirrorPodAnnotationKey: "h"}}}, fsm.SparedMirror},

@@ -227,7 +227,7 @@ func (r *NMCReconciler) upstreamDevicePluginsBeforeUnload(ctx context.Context, f
 // plansUnload says whether the pair is about to create a worker that unloads (an unload or a reload).
 func plansUnload(o pairOutcome) bool {
 	w := o.result.Plan.CreateWorker
-	return w != nil && (w.Action == fsm.ActionUnload || w.Action == fsm.ActionReload)
+	return w != nil && (w.Action == contract.ActionUnload || w.Action == contract.ActionReload)
 }
 
 func (r *NMCReconciler) gather(ctx context.Context, name string) (*nodeFacts, error) {
@@ -480,7 +480,7 @@ func observeFinishedPod(p *corev1.Pod, w fsm.Worker) {
 		workerPodDuration.WithLabelValues(action, outcome).Observe(d.Seconds())
 	}
 	if p.Status.Phase == corev1.PodFailed {
-		workerFailuresTotal.WithLabelValues(action, w.Result.Reason).Inc()
+		workerFailuresTotal.WithLabelValues(action, string(w.Result.Reason)).Inc()
 	}
 }
 

@@ -122,7 +122,7 @@ func (c *dpCoverage) observe(ev watch.EventType, p *corev1.Pod, name string) {
 	if n == "" || !slices.Contains(c.nodes, n) {
 		return
 	}
-	if p.Labels[contract.LabelWorker] == "true" && p.Labels[contract.LabelAction] == string(fsm.ActionUnload) && !c.seenPods[p.UID] {
+	if p.Labels[contract.LabelWorker] == "true" && p.Labels[contract.LabelAction] == string(contract.ActionUnload) && !c.seenPods[p.UID] {
 		c.seenPods[p.UID] = true
 		if len(c.present[n]) > 0 {
 			c.unloads = append(c.unloads, fmt.Sprintf("unload pod %s on %s beside %d device plugin pods", p.Name, n, len(c.present[n])))

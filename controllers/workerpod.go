@@ -158,7 +158,7 @@ func workerSecurityContext(firmware bool) *corev1.SecurityContext {
 	return sc
 }
 
-func workerLabels(node string, e *kmmv1beta1.NodeModuleSpec, action fsm.WorkerAction) map[string]string {
+func workerLabels(node string, e *kmmv1beta1.NodeModuleSpec, action contract.Action) map[string]string {
 	return map[string]string{
 		contract.LabelManagedBy:       contract.ManagedBy,
 		contract.LabelWorker:          "true",
@@ -227,7 +227,7 @@ func workerVolumes(e *kmmv1beta1.NodeModuleSpec, firmware bool, sandbox, firmwar
 // ObserveWorker turns a worker pod into the facts the NMC decision reads. It is the one place a
 // finished pod's termination message is parsed: the reconciler's metrics use the Result it returns.
 func ObserveWorker(pod *corev1.Pod) fsm.Worker {
-	w := fsm.Worker{Action: fsm.WorkerAction(pod.Labels[contract.LabelAction]), Created: pod.CreationTimestamp.Time}
+	w := fsm.Worker{Action: contract.Action(pod.Labels[contract.LabelAction]), Created: pod.CreationTimestamp.Time}
 	if a, err := strconv.Atoi(pod.Annotations[contract.AnnotationAttempt]); err == nil {
 		w.Attempt = int32(a) //nolint:gosec // G109: the attempt annotation is written by the operator and small
 	}
@@ -267,13 +267,13 @@ func pullSecretVolume(pod *corev1.Pod) string {
 
 // workerResult reads the worker's report from the termination message; a pod that ended without
 // one (evicted, killed) is a failure of class Other with the pod's own reason.
-func workerResult(pod *corev1.Pod) fsm.WorkerResult {
+func workerResult(pod *corev1.Pod) contract.Result {
 	for _, cs := range pod.Status.ContainerStatuses {
 		if cs.Name != contract.ContainerName || cs.State.Terminated == nil {
 			continue
 		}
 		if r, err := contract.ParseResult([]byte(cs.State.Terminated.Message)); err == nil {
-			return fsm.WorkerResult{BootID: r.BootID, ImageDigest: r.ImageDigest, Reason: string(r.Reason), Message: r.Message, FailedStep: r.FailedStep}
+			return r
 		}
 	}
 	msg := pod.Status.Message
@@ -281,9 +281,9 @@ func workerResult(pod *corev1.Pod) fsm.WorkerResult {
 		msg = "the worker pod ended without a result"
 	}
 	if pod.Status.Phase == corev1.PodSucceeded {
-		return fsm.WorkerResult{}
+		return contract.Result{}
 	}
-	return fsm.WorkerResult{Reason: string(contract.ReasonOther), Message: pod.Status.Reason + " " + msg}
+	return contract.Result{Reason: contract.ReasonOther, Message: pod.Status.Reason + " " + msg}
 }
 
 // workerDuration is how long a finished worker pod ran.

@@ -21,7 +21,7 @@ func intent(firmware string, secret bool) *fsm.WorkerIntent {
 	if secret {
 		e.ImageRepoSecret = &corev1.LocalObjectReference{Name: "pull"}
 	}
-	return &fsm.WorkerIntent{Action: fsm.ActionLoad, Attempt: 3, Entry: e}
+	return &fsm.WorkerIntent{Action: contract.ActionLoad, Attempt: 3, Entry: e}
 }
 
 // TestWorkerPodShape checks the pod of SPEC §6.
@@ -165,7 +165,7 @@ func TestObserveWorkerReadsTheResult(t *testing.T) {
 	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: contract.ContainerName, State: corev1.ContainerState{
 		Terminated: &corev1.ContainerStateTerminated{ExitCode: 1, Message: string(msg), FinishedAt: metav1.Now()}}}}
 	w := ObserveWorker(pod)
-	if w.Phase != fsm.PodFailed || w.Action != fsm.ActionLoad || w.Attempt != 3 || w.Result.Reason != "ImagePull" ||
+	if w.Phase != fsm.PodFailed || w.Action != contract.ActionLoad || w.Attempt != 3 || w.Result.Reason != "ImagePull" ||
 		w.Result.BootID != "b7" || w.Entry.Config.ContainerImage != "reg/nic:1" || w.Entry.ImageRepoSecret == nil {
 		t.Fatalf("observed %+v", w)
 	}
@@ -212,7 +212,7 @@ func TestWorkerPodFirmwareSettings(t *testing.T) {
 // it, and its failed step reaches the decision.
 func TestReloadWorkerPod(t *testing.T) {
 	in := intent("", false)
-	in.Action = fsm.ActionReload
+	in.Action = contract.ActionReload
 	prev := in.Entry.Config
 	prev.ContainerImage, prev.Modprobe.FirmwarePath = "reg/nic:0", "/firmware"
 	in.Previous = &prev
@@ -239,7 +239,7 @@ func TestReloadWorkerPod(t *testing.T) {
 	pod.Status.Phase = corev1.PodFailed
 	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: contract.ContainerName, State: corev1.ContainerState{
 		Terminated: &corev1.ContainerStateTerminated{ExitCode: 1, Message: string(msg), FinishedAt: metav1.Now()}}}}
-	if w := ObserveWorker(pod); w.Action != fsm.ActionReload || w.Result.FailedStep != contract.StepUnload || w.Entry.Config.ContainerImage != "reg/nic:1" {
+	if w := ObserveWorker(pod); w.Action != contract.ActionReload || w.Result.FailedStep != contract.StepUnload || w.Entry.Config.ContainerImage != "reg/nic:1" {
 		t.Errorf("observed %+v", w)
 	}
 }

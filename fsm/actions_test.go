@@ -10,6 +10,7 @@ import (
 	"pgregory.net/rapid"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/contract"
 )
 
 // The actions of the model world: every event, controller run, worker outcome and API refusal an
@@ -161,7 +162,7 @@ var modelActions = []action{
 	// ReloadLoadHalfFails ends a running reload pod whose unload half succeeded and whose load
 	// half failed (WorkerFails fails a reload's unload half).
 	{name: "ReloadLoadHalfFails", run: func(w *world, c chooser) {
-		if p := runningPod(w, c); p != nil && p.action == ActionReload {
+		if p := runningPod(w, c); p != nil && p.action == contract.ActionReload {
 			w.failReloadLoadHalf(p)
 		}
 	}},

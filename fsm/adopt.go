@@ -8,6 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/internal/semantic"
 )
 
@@ -87,7 +88,7 @@ func sameLoad(spec, rec *kmmv1beta1.ModuleConfig) bool {
 			c.ImagePullPolicy = corev1.PullIfNotPresent
 		}
 		if c.Modprobe.DirName == "" {
-			c.Modprobe.DirName = "/opt"
+			c.Modprobe.DirName = contract.DefaultDirName
 		}
 		c.RegistryTLS = kmmv1beta1.TLSOptions{Insecure: c.RegistryTLS.Insecure || c.RegistryTLS.InsecureSkipTLSVerify}
 	}

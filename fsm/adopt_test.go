@@ -8,6 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/contract"
 )
 
 // upstreamRecord is a status entry as upstream KMM leaves it: e's config (in upstream's spelling)
@@ -46,13 +47,13 @@ func TestAdoption(t *testing.T) {
 		{name: "same config, NotReady node: adopted all the same (a record, no pod)", spec: spec, record: upstreamRecord(spec, "b1"),
 			node: Node{KernelVersion: k1, BootID: "b1"}, kmmSpec: true, want: want{state: Loaded, ready: true}, trigger: Adopted},
 		{name: "boot ID changed: reload", spec: spec, record: upstreamRecord(spec, "b0"), node: readyNode(k1), kmmSpec: true,
-			want: want{state: Loading, create: ActionLoad}, trigger: SpecSet},
+			want: want{state: Loading, create: contract.ActionLoad}, trigger: SpecSet},
 		{name: "no boot ID recorded: load again (nothing proves it is loaded in this boot)", spec: spec, record: upstreamRecord(spec, ""),
-			node: readyNode(k1), kmmSpec: true, want: want{state: Loading, create: ActionLoad}, trigger: SpecSet},
+			node: readyNode(k1), kmmSpec: true, want: want{state: Loading, create: contract.ActionLoad}, trigger: SpecSet},
 		{name: "kernel changed: load for the new kernel", spec: entry(k2, "reg/m:1", "v1"), record: upstreamRecord(spec, "b1"), node: readyNode(k2), kmmSpec: true,
-			want: want{state: Loading, create: ActionLoad}, trigger: SpecSet},
+			want: want{state: Loading, create: contract.ActionLoad}, trigger: SpecSet},
 		{name: "config differs: unload upstream's first", spec: other, record: upstreamRecord(spec, "b1"), node: readyNode(k1), kmmSpec: true,
-			want: want{state: Unloading, create: ActionUnload}, trigger: SpecSet},
+			want: want{state: Unloading, create: contract.ActionUnload}, trigger: SpecSet},
 		{name: "spec entry still upstream's: wait, record untouched", spec: spec, record: upstreamRecord(spec, "b1"), node: readyNode(k1),
 			want: want{state: ""}},
 		{name: "upstream worker pod still there: wait", spec: spec, record: upstreamRecord(spec, "b1"), node: readyNode(k1), kmmSpec: true, podUp: true,
@@ -60,11 +61,11 @@ func TestAdoption(t *testing.T) {
 		// Issue 18: a record of a Module kmm's spec does not have (deleted, or the node not selected,
 		// before the takeover) is unloaded, not dropped with the module left in the kernel.
 		{name: "no spec entry, loaded in this boot: unload", record: upstreamRecord(spec, "b1"), node: readyNode(k1),
-			want: want{state: Unloading, create: ActionUnload}, trigger: SpecRemoved},
+			want: want{state: Unloading, create: contract.ActionUnload}, trigger: SpecRemoved},
 		{name: "no spec entry, device plugin still on the node: drain it first", record: upstreamRecord(spec, "b1"), node: readyNode(k1), dp: true,
 			want: want{state: DevicePluginDraining}, trigger: SpecRemoved},
 		{name: "no spec entry, no boot ID recorded: unload (it may be loaded)", record: upstreamRecord(spec, ""), node: readyNode(k1),
-			want: want{state: Unloading, create: ActionUnload}, trigger: SpecRemoved},
+			want: want{state: Unloading, create: contract.ActionUnload}, trigger: SpecRemoved},
 		{name: "no spec entry, NotReady node: the record waits for the unload", record: upstreamRecord(spec, "b1"),
 			node: Node{KernelVersion: k1, BootID: "b1"}, want: want{state: Absent}},
 	}

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/contract"
 )
 
 // BenchmarkStepWorkerSucceeded is one decision plus one transition: a Loading pair whose load
@@ -13,7 +14,7 @@ import (
 func BenchmarkStepWorkerSucceeded(b *testing.B) {
 	e := entry(k1, "r/m:v1", "")
 	f := facts(e, kmmv1beta1.NodeModuleStatus{State: Loading}, readyNode(k1))
-	f.Worker = Worker{Phase: PodSucceeded, Action: ActionLoad, Entry: *e, Result: WorkerResult{BootID: "b1"}}
+	f.Worker = Worker{Phase: PodSucceeded, Action: contract.ActionLoad, Entry: *e, Result: contract.Result{BootID: "b1"}}
 	b.ReportAllocs()
 	for b.Loop() {
 		if r := Step(f); r.Status.State != Loaded {

@@ -142,7 +142,7 @@ func (c *canon) pod(w *world, p *simPod) {
 	c.str(string(p.phase))
 	c.boot(sn, p.result.BootID)
 	c.str(p.result.ImageDigest)
-	c.str(p.result.Reason)
+	c.str(string(p.result.Reason))
 	c.str(p.result.Message)
 	c.time(p.created)
 }

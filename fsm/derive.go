@@ -1,5 +1,7 @@
 package fsm
 
+import "github.com/kmm-project/kmm/contract"
+
 // deriveFuncs say, per state, which trigger the facts amount to (false: none). They implement the
 // five rules of seed 000, reboot detection and the ordered upgrade, one state at a time. Events
 // about the worker pod are taken whatever the node's state (seed 000 reads finished pods first);
@@ -59,7 +61,7 @@ func deriveLoading(f *Facts) (Trigger, bool) {
 	}
 	// The spec is for this kernel: a config no worker can act on, a pod the API server refused, or a
 	// service account kmm could not read fails the attempt without a pod.
-	return WorkerRejected, f.specProblem() != nil || f.refused(ActionLoad) || f.refused(ActionReload)
+	return WorkerRejected, f.specProblem() != nil || f.refused(contract.ActionLoad) || f.refused(contract.ActionReload)
 }
 
 // unloadFirst is rule 4 for a pair that may still have an old config loaded (a reload after a
@@ -87,7 +89,7 @@ func specWithdrawn(f *Facts) (Trigger, bool) {
 }
 
 func deriveLoadBackOff(f *Facts) (Trigger, bool) {
-	if f.lateSuccess(ActionLoad) {
+	if f.lateSuccess(contract.ActionLoad) {
 		return WorkerSucceeded, true // the pod timed out, then finished after all: the module is loaded
 	}
 	if f.lateReloadUnloaded() {
@@ -155,13 +157,13 @@ func deriveDevicePluginDraining(f *Facts) (Trigger, bool) {
 }
 
 func deriveUnloading(f *Facts) (Trigger, bool) {
-	if f.currentWorker(ActionUnload) && f.workerFinished() {
+	if f.currentWorker(contract.ActionUnload) && f.workerFinished() {
 		if f.Worker.Phase == PodFailed {
 			return WorkerFailed, true
 		}
 		return WorkerSucceeded, true
 	}
-	if f.currentWorker(ActionUnload) && f.workerOverdue() {
+	if f.currentWorker(contract.ActionUnload) && f.workerOverdue() {
 		return WorkerTimedOut, true
 	}
 	if f.Worker.Phase == PodRunning || !f.nodeUsable() {
@@ -170,11 +172,11 @@ func deriveUnloading(f *Facts) (Trigger, bool) {
 	if t, ok := unloadOverruled(f); ok {
 		return t, true
 	}
-	return WorkerRejected, f.refused(ActionUnload)
+	return WorkerRejected, f.refused(contract.ActionUnload)
 }
 
 func deriveUnloadBackOff(f *Facts) (Trigger, bool) {
-	if f.lateSuccess(ActionUnload) {
+	if f.lateSuccess(contract.ActionUnload) {
 		// The pod timed out, then finished after all: the module is unloaded, whatever the spec
 		// says now (a spec back at the old config must load it again, not call it Loaded).
 		return WorkerSucceeded, true

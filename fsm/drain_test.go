@@ -8,6 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/contract"
 )
 
 func drainingFacts(elapsed time.Duration, policy kmmv1beta1.DrainSpec, pods ...WorkloadPod) Facts {
@@ -87,7 +88,7 @@ func TestDrainStartsCordonsAndFinishes(t *testing.T) {
 	check(t, f, want{state: DevicePluginDraining})
 	// Only an ignored-namespace pod left: the drain is done.
 	f = drainingFacts(time.Second, policy, system)
-	check(t, f, want{state: Unloading, create: ActionUnload}) // our own cordon does not block the unload
+	check(t, f, want{state: Unloading, create: contract.ActionUnload}) // our own cordon does not block the unload
 }
 
 func TestUncordonOnceTheNewVersionIsLoaded(t *testing.T) {
@@ -96,7 +97,7 @@ func TestUncordonOnceTheNewVersionIsLoaded(t *testing.T) {
 	node := readyNode(k1)
 	node.Schedulable, node.UpgradeTarget = false, "v2"
 	f := facts(v2, st, node)
-	f.Worker = Worker{Phase: PodSucceeded, Action: ActionLoad, Entry: *v2, Result: WorkerResult{BootID: "b1"}}
+	f.Worker = Worker{Phase: PodSucceeded, Action: contract.ActionLoad, Entry: *v2, Result: contract.Result{BootID: "b1"}}
 	r := check(t, f, want{state: Loaded, delete: true, ready: true})
 	if !r.Plan.Uncordon || r.Status.Drain == nil || !r.Status.Drain.CordonedByKMM {
 		t.Fatalf("uncordon %v drain %+v: want an uncordon, the record kept until the node shows it", r.Plan.Uncordon, r.Status.Drain)
@@ -234,8 +235,8 @@ func withExpected(p kmmv1beta1.DrainSpec, seconds int32) kmmv1beta1.DrainSpec {
 // TestNodeBoundPodsNeverBlockADrain: a DaemonSet's pod (or a static pod) stays on the node and the
 // drain finishes without it (seed 004: any pod but a DaemonSet's).
 func TestNodeBoundPodsNeverBlockADrain(t *testing.T) {
-	check(t, drainingFacts(time.Second, policy, daemon), want{state: Unloading, create: ActionUnload})
-	check(t, drainingFacts(time.Second, policy, WorkloadPod{Namespace: "app", Name: "static", Mirror: true}), want{state: Unloading, create: ActionUnload})
+	check(t, drainingFacts(time.Second, policy, daemon), want{state: Unloading, create: contract.ActionUnload})
+	check(t, drainingFacts(time.Second, policy, WorkloadPod{Namespace: "app", Name: "static", Mirror: true}), want{state: Unloading, create: contract.ActionUnload})
 }
 
 // TestSpared: which pods a drain never touches, whatever its podSelector selects.
@@ -287,5 +288,5 @@ func TestDrainNeverTouchesSparedPods(t *testing.T) {
 			t.Errorf("after %v: the workload is not evicted or deleted: %+v", elapsed, p)
 		}
 	}
-	check(t, drainingFacts(time.Second, everything, spared...), want{state: Unloading, create: ActionUnload})
+	check(t, drainingFacts(time.Second, everything, spared...), want{state: Unloading, create: contract.ActionUnload})
 }

@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/contract"
 )
 
 // Edge is one transition the machine permits: From --Trigger--> To under some facts.
@@ -71,7 +72,7 @@ func guardFactCombinations() []*Facts {
 		}
 		if reloadFailed {
 			// A failed reload whose unload half did not succeed: the previous config is kept.
-			f.Worker = Worker{Action: ActionReload, Phase: PodFailed}
+			f.Worker = Worker{Action: contract.ActionReload, Phase: PodFailed}
 		}
 		out = append(out, f)
 	}

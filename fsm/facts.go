@@ -7,6 +7,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/internal/semantic"
 	"github.com/kmm-project/kmm/internal/validation"
 )
@@ -53,7 +54,7 @@ type Facts struct {
 // one the operator could not make (its service account unreadable): retrying at once cannot help,
 // so the pair backs off like after a failed worker.
 type CreateRefusal struct {
-	Action  WorkerAction
+	Action  contract.Action
 	Attempt int32
 	// Reason is the status reason of the failed attempt: "" for ReasonPodRejected (the API server
 	// refused the pod; Message quotes it), else the operator's own class, such as
@@ -67,11 +68,11 @@ type CreateRefusal struct {
 // neither reached (never started, or a kubelet that does not report).
 const DefaultWorkerTimeout = 7 * time.Minute
 
-// Failure classes the operator itself gives (the worker's own are ImagePull, NotFound, Busy,
-// InvalidConfig and Other, see package worker).
+// Failure classes the operator itself gives (the worker's own are contract.Reason's: ImagePull,
+// NotFound, Busy, InvalidConfig and Other).
 const (
 	// ReasonInvalidConfig: the config is one the worker cannot act on; the pair waits for a new one.
-	ReasonInvalidConfig = "InvalidConfig"
+	ReasonInvalidConfig = string(contract.ReasonInvalidConfig)
 	// ReasonPodRejected: the API server refused the worker pod.
 	ReasonPodRejected = "PodRejected"
 	// ReasonServiceAccountUnreadable: the operator could not read the service account of the
@@ -111,26 +112,10 @@ const (
 	PodFailed    WorkerPhase = "Failed"
 )
 
-// WorkerAction is what a worker pod does.
-type WorkerAction string
-
-// The worker actions.
-const (
-	ActionLoad   WorkerAction = "load"
-	ActionUnload WorkerAction = "unload"
-	// ActionReload unloads the loaded config and loads the spec's in one run (an image bump with
-	// nothing to drain): see reloadable.
-	ActionReload WorkerAction = "reload"
-)
-
-// FailedStepLoad is the WorkerResult.FailedStep of a reload whose unload half succeeded and whose
-// load half failed; any other failed reload left the previous config loaded.
-const FailedStepLoad = "load"
-
 // Worker is the pair's worker pod as observed (at most one exists: its name is deterministic).
 type Worker struct {
 	Phase  WorkerPhase
-	Action WorkerAction
+	Action contract.Action
 	// Attempt is the status Attempts value the pod was created for; a pod of another attempt is stale.
 	Attempt int32
 	// Entry is what the pod was created to load or unload.
@@ -140,18 +125,9 @@ type Worker struct {
 	EntryKnown bool
 	// Created is when the pod was created.
 	Created time.Time
-	// Result is what the worker reported, for a finished pod.
-	Result WorkerResult
-}
-
-// WorkerResult is the part of the worker's report the decision uses.
-type WorkerResult struct {
-	BootID      string
-	ImageDigest string
-	Reason      string
-	Message     string
-	// FailedStep is, for a failed reload, the half that failed ("unload" or FailedStepLoad).
-	FailedStep string
+	// Result is what the worker reported, for a finished pod (the worker's own report: one
+	// vocabulary of actions, reasons and reload steps for the worker and the decision).
+	Result contract.Result
 }
 
 // BackOff is an exponential back-off: Base after the first failure, doubling up to Max.
@@ -269,35 +245,35 @@ func sameTolerations(spec, recorded []corev1.Toleration) bool {
 
 // loadAction is the worker a Loading pair runs: a reload when the loaded config may be replaced in
 // one run, else a load.
-func (f *Facts) loadAction() WorkerAction {
+func (f *Facts) loadAction() contract.Action {
 	if f.reloadable() {
-		return ActionReload
+		return contract.ActionReload
 	}
-	return ActionLoad
+	return contract.ActionLoad
 }
 
 // currentLoader says whether the worker pod is the current attempt at loading: a load, or a reload
 // while a previous config is recorded (a reboot clears the record and the attempts: a reload pod of
 // before it is stale, found by the rapid model).
 func (f *Facts) currentLoader() bool {
-	return f.currentWorker(ActionLoad) || (f.currentWorker(ActionReload) && f.Status.Config != nil)
+	return f.currentWorker(contract.ActionLoad) || (f.currentWorker(contract.ActionReload) && f.Status.Config != nil)
 }
 
 // reloadKeptPrevious says whether the pair's failed worker is a reload that stopped before its
 // unload half succeeded (or whose half is unknown: a pod that ended without a result): the
 // previous config is (or may be) still loaded.
 func (f *Facts) reloadKeptPrevious() bool {
-	return f.Worker.Action == ActionReload && f.Worker.Result.FailedStep != FailedStepLoad && f.Status.Config != nil
+	return f.Worker.Action == contract.ActionReload && f.Worker.Result.FailedStep != contract.StepLoad && f.Status.Config != nil
 }
 
 // reloadUnloadedPrevious says whether the pair's failed worker is a reload that unloaded the
 // previous config and failed to load the new one: nothing is loaded.
 func (f *Facts) reloadUnloadedPrevious() bool {
-	return f.Worker.Action == ActionReload && f.Worker.Phase == PodFailed && f.Worker.Result.FailedStep == FailedStepLoad
+	return f.Worker.Action == contract.ActionReload && f.Worker.Phase == PodFailed && f.Worker.Result.FailedStep == contract.StepLoad
 }
 
 // currentWorker says whether the worker pod belongs to the pair's current attempt at action a.
-func (f *Facts) currentWorker(a WorkerAction) bool {
+func (f *Facts) currentWorker(a contract.Action) bool {
 	return f.Worker.Phase != PodNone && f.Worker.Action == a && f.Worker.Attempt == f.Status.Attempts
 }
 
@@ -330,7 +306,7 @@ func (f *Facts) workerOverdue() bool {
 }
 
 // refused says whether the API server refused the pod of the pair's current attempt at action a.
-func (f *Facts) refused(a WorkerAction) bool {
+func (f *Facts) refused(a contract.Action) bool {
 	r := f.CreateRefused
 	return r != nil && r.Action == a && r.Attempt == f.Status.Attempts
 }
@@ -366,11 +342,11 @@ func (f *Facts) failedPodOfLastAttempt() bool {
 // lateSuccess says whether the pod of action a whose time-out the status counts last succeeded
 // after all (a load in this boot; an unload in any: a reboot unloads too): the deletion of an
 // overdue pod loses the race with its own success.
-func (f *Facts) lateSuccess(a WorkerAction) bool {
+func (f *Facts) lateSuccess(a contract.Action) bool {
 	thisBoot := f.Worker.Result.BootID == "" || f.Worker.Result.BootID == f.Node.BootID
-	sameAction := f.Worker.Action == a || (a == ActionLoad && f.Worker.Action == ActionReload)
+	sameAction := f.Worker.Action == a || (a == contract.ActionLoad && f.Worker.Action == contract.ActionReload)
 	return f.Status.Reason == ReasonTimedOut && f.Worker.Phase == PodSucceeded && sameAction &&
-		f.Worker.Attempt == f.Status.Attempts-1 && (a == ActionUnload || thisBoot)
+		f.Worker.Attempt == f.Status.Attempts-1 && (a == contract.ActionUnload || thisBoot)
 }
 
 // lateReloadUnloaded says whether the reload pod whose time-out the status counts last ended after
@@ -382,9 +358,11 @@ func (f *Facts) lateReloadUnloaded() bool {
 		f.reloadUnloadedPrevious()
 }
 
-// failureTerminal says whether the last failure cannot be retried with the same config.
+// failureTerminal says whether the last failure cannot be retried with the same config (the
+// worker's reason class decides, contract.Reason.Terminal; the operator's own refusal of a config
+// records the same InvalidConfig).
 func (f *Facts) failureTerminal() bool {
-	return f.Status.Reason == ReasonInvalidConfig
+	return contract.Reason(f.Status.Reason).Terminal()
 }
 
 func (f *Facts) backOffExpired() bool {

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/internal/semantic"
 	"github.com/kmm-project/kmm/upgrade"
 )
@@ -123,13 +124,13 @@ type simPod struct {
 	uid     int
 	node    string
 	module  string
-	action  WorkerAction
+	action  contract.Action
 	attempt int32
 	entry   kmmv1beta1.NodeModuleSpec
 	// previous is what a reload pod unloads first.
 	previous *kmmv1beta1.ModuleConfig
 	phase    WorkerPhase
-	result   WorkerResult
+	result   contract.Result
 	created  time.Time
 	hung     bool // never finishes by itself (a stalled registry, a wedged kubelet)
 }
@@ -143,7 +144,7 @@ type simWorkload struct {
 
 // attemptRecord is what the back-off property remembers of a pair's last worker pod.
 type attemptRecord struct {
-	action WorkerAction
+	action contract.Action
 	config kmmv1beta1.ModuleConfig
 	failed time.Time // when that pod failed; zero while it runs or after it succeeded
 	streak int32     // consecutive failures of this config
@@ -501,7 +502,7 @@ func (w *world) applyResultFaults(r *Result) {
 		*r = Result{}
 		return
 	}
-	if c := r.Plan.CreateWorker; w.faults.reloadUnloadsNewConfig && c != nil && c.Action == ActionReload {
+	if c := r.Plan.CreateWorker; w.faults.reloadUnloadsNewConfig && c != nil && c.Action == contract.ActionReload {
 		c.Previous = c.Entry.Config.DeepCopy()
 	}
 	if w.faults.logSkipsTransition && len(r.Fired) > 0 {
@@ -801,11 +802,11 @@ func (w *world) createPod(node, key, name string, in *WorkerIntent) {
 	if in.Entry.Config.KernelVersion != sn.kernel {
 		w.violate("invariant 4: %s pod for %s on %s is for kernel %s, node runs %s", in.Action, key, node, in.Entry.Config.KernelVersion, sn.kernel)
 	}
-	if in.Action != ActionLoad && w.dpPods[node+"/"+key] {
+	if in.Action != contract.ActionLoad && w.dpPods[node+"/"+key] {
 		w.violate("invariant 6: %s pod for %s created on %s while its device plugin pod runs", in.Action, key, node)
 	}
 	w.checkReloadIntent(node, key, in)
-	if cur, ok := sn.loaded[key]; ok && in.Action == ActionLoad && !equality.Semantic.DeepEqual(cur, in.Entry.Config) {
+	if cur, ok := sn.loaded[key]; ok && in.Action == contract.ActionLoad && !equality.Semantic.DeepEqual(cur, in.Entry.Config) {
 		w.violate("invariant 6: load of %s (%s) on %s while %s is still loaded", key, in.Entry.Config.ContainerImage, node, cur.ContainerImage)
 	}
 	if w.refuse {
@@ -824,7 +825,7 @@ func (w *world) createPod(node, key, name string, in *WorkerIntent) {
 // loaded (the config recorded as loaded, not the new one), and it loads a config for the same
 // kernel; a versioned Module never reloads (its upgrade is seed 002's flow).
 func (w *world) checkReloadIntent(node, key string, in *WorkerIntent) {
-	if in.Action != ActionReload {
+	if in.Action != contract.ActionReload {
 		return
 	}
 	if in.Previous == nil {
@@ -873,7 +874,7 @@ func (w *world) recordAttempt(p *simPod) {
 
 // killPod ends a running pod without its worker acting (deleted or evicted).
 func (w *world) killPod(p *simPod) {
-	p.phase, p.result = PodFailed, WorkerResult{Reason: "Other", Message: "killed"}
+	p.phase, p.result = PodFailed, contract.Result{Reason: "Other", Message: "killed"}
 	w.recordAttempt(p)
 }
 
@@ -883,17 +884,17 @@ func (w *world) finishPod(p *simPod, succeed bool) {
 	if p.entry.Config.KernelVersion != sn.kernel {
 		succeed = false // modprobe refuses a module built for another kernel
 	}
-	if p.action != ActionLoad && w.dpPods[p.node+"/"+p.module] {
+	if p.action != contract.ActionLoad && w.dpPods[p.node+"/"+p.module] {
 		w.violate("invariant 6: %s of %s on %s ran while its device plugin pod runs", p.action, p.module, p.node)
 	}
-	p.result = WorkerResult{BootID: fmt.Sprint(sn.boot), ImageDigest: "sha256:" + p.entry.Config.ContainerImage}
+	p.result = contract.Result{BootID: fmt.Sprint(sn.boot), ImageDigest: "sha256:" + p.entry.Config.ContainerImage}
 	defer w.recordAttempt(p)
-	if p.action == ActionReload {
+	if p.action == contract.ActionReload {
 		w.finishReload(p, sn, succeed)
 		return
 	}
-	if p.action == ActionLoad && strings.Contains(p.entry.Config.ContainerImage, brokenImageTag) {
-		p.phase, p.result.Reason, p.result.Message = PodFailed, ReasonInvalidConfig, "invalid config"
+	if p.action == contract.ActionLoad && strings.Contains(p.entry.Config.ContainerImage, brokenImageTag) {
+		p.phase, p.result.Reason, p.result.Message = PodFailed, contract.ReasonInvalidConfig, "invalid config"
 		return
 	}
 	if !succeed {
@@ -901,7 +902,7 @@ func (w *world) finishPod(p *simPod, succeed bool) {
 		return
 	}
 	p.phase = PodSucceeded
-	if p.action == ActionLoad {
+	if p.action == contract.ActionLoad {
 		sn.loaded[p.module] = p.entry.Config
 	} else {
 		delete(sn.loaded, p.module)
@@ -914,7 +915,7 @@ func (w *world) finishPod(p *simPod, succeed bool) {
 func (w *world) finishReload(p *simPod, sn *simNode, succeed bool) {
 	switch {
 	case strings.Contains(p.entry.Config.ContainerImage, brokenImageTag):
-		p.phase, p.result.Reason, p.result.Message, p.result.FailedStep = PodFailed, ReasonInvalidConfig, "invalid config", "unload"
+		p.phase, p.result.Reason, p.result.Message, p.result.FailedStep = PodFailed, contract.ReasonInvalidConfig, "invalid config", "unload"
 	case !succeed:
 		p.phase, p.result.Reason, p.result.Message, p.result.FailedStep = PodFailed, "Busy", "injected failure: module in use", "unload"
 	default:
@@ -926,8 +927,8 @@ func (w *world) finishReload(p *simPod, sn *simNode, succeed bool) {
 // failReloadLoadHalf plays a reload whose unload half succeeds and whose load half fails.
 func (w *world) failReloadLoadHalf(p *simPod) {
 	sn := w.nodes[p.node]
-	p.result = WorkerResult{BootID: fmt.Sprint(sn.boot), ImageDigest: "sha256:" + p.entry.Config.ContainerImage,
-		Reason: "NotFound", Message: "injected failure: module not found", FailedStep: FailedStepLoad}
+	p.result = contract.Result{BootID: fmt.Sprint(sn.boot), ImageDigest: "sha256:" + p.entry.Config.ContainerImage,
+		Reason: "NotFound", Message: "injected failure: module not found", FailedStep: contract.StepLoad}
 	p.phase = PodFailed
 	delete(sn.loaded, p.module)
 	w.recordAttempt(p)
@@ -1037,7 +1038,7 @@ func (w *world) reboot(node string) {
 	clear(sn.loaded)
 	for _, p := range w.pods {
 		if p.node == node && p.phase == PodRunning {
-			p.phase, p.result = PodFailed, WorkerResult{Reason: "Other", Message: "node rebooted"}
+			p.phase, p.result = PodFailed, contract.Result{Reason: "Other", Message: "node rebooted"}
 		}
 	}
 	for pair := range w.attempts {
@@ -1056,7 +1057,7 @@ func (w *world) check() {
 	perPair := map[string]int{}
 	for _, p := range w.pods {
 		perPair[p.node+"/"+p.module]++
-		if p.action != ActionLoad && p.phase == PodRunning && w.dpPods[p.node+"/"+p.module] {
+		if p.action != contract.ActionLoad && p.phase == PodRunning && w.dpPods[p.node+"/"+p.module] {
 			w.violate("invariant 6: %s pod of %s running on %s next to its device plugin pod", p.action, p.module, p.node)
 		}
 	}

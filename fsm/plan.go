@@ -1,6 +1,9 @@
 package fsm
 
-import kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+import (
+	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/contract"
+)
 
 // plan says what must be true while the pair is in its state: the worker pod it needs (created only
 // on a Ready, schedulable node and for the kernel the node runs — rules 1 to 4 of seed 000), the
@@ -12,7 +15,7 @@ func plan(f *Facts) Plan {
 	case Loading:
 		planWorker(f, &p, f.loadAction())
 	case Unloading:
-		planWorker(f, &p, ActionUnload)
+		planWorker(f, &p, contract.ActionUnload)
 	case Upgrading:
 		p.DeleteWorker = f.workerFinished()
 		p.RequeueAfter = max(f.Status.LastTransitionTime.Add(UpgradeSpecGrace).Sub(f.Now), 0)
@@ -52,7 +55,7 @@ func readyLabels(f *Facts) (bool, string) {
 }
 
 // planWorker plans the worker pod of a Loading or Unloading pair.
-func planWorker(f *Facts, p *Plan, action WorkerAction) {
+func planWorker(f *Facts, p *Plan, action contract.Action) {
 	switch {
 	case f.Worker.Phase == PodRunning:
 		p.Waiting = "worker pod running"
@@ -62,25 +65,25 @@ func planWorker(f *Facts, p *Plan, action WorkerAction) {
 		p.Waiting = "node not Ready"
 	case !f.nodeUsable():
 		p.Waiting = "node cordoned"
-	case action == ActionLoad && !f.specKernelMatches():
+	case action == contract.ActionLoad && !f.specKernelMatches():
 		p.Waiting = "spec entry is not for the node's kernel " + f.Node.KernelVersion
-	case action == ActionUnload && !f.statusKernelMatches():
+	case action == contract.ActionUnload && !f.statusKernelMatches():
 		p.Waiting = "loaded config is not for the node's kernel " + f.Node.KernelVersion
-	case action != ActionLoad && f.DevicePluginRunning:
+	case action != contract.ActionLoad && f.DevicePluginRunning:
 		p.Waiting = "device plugin pod still on the node"
-	case action == ActionLoad && f.specProblem() != nil:
+	case action == contract.ActionLoad && f.specProblem() != nil:
 		p.Waiting = "the spec entry's config is invalid"
 	default:
 		p.CreateWorker = &WorkerIntent{Action: action, Attempt: f.Status.Attempts, Entry: workerEntry(f, action)}
-		if action == ActionReload {
+		if action == contract.ActionReload {
 			p.CreateWorker.Previous = f.Status.Config.DeepCopy()
 		}
 	}
 }
 
 // workerEntry is what a new worker pod loads (the spec entry) or unloads (the loaded config).
-func workerEntry(f *Facts, action WorkerAction) kmmv1beta1.NodeModuleSpec {
-	if action != ActionUnload {
+func workerEntry(f *Facts, action contract.Action) kmmv1beta1.NodeModuleSpec {
+	if action != contract.ActionUnload {
 		return *f.Spec.DeepCopy()
 	}
 	e := kmmv1beta1.NodeModuleSpec{

@@ -11,6 +11,7 @@ import (
 
 	"pgregory.net/rapid"
 
+	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/test/rapidtb"
 )
 
@@ -134,7 +135,7 @@ func TestBackOffPropertyCatchesTheRetryStorm(t *testing.T) {
 		w := newWorld(&cfg, faults{failedEntryUnread: fault})
 		w.catchUp()
 		p := w.pods[podName("n0", "plain")]
-		if p == nil || p.action != ActionLoad {
+		if p == nil || p.action != contract.ActionLoad {
 			t.Fatalf("no load pod after the first reconciles: %s", w.describe())
 		}
 		w.finishPod(p, false)

@@ -7,6 +7,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/internal/kernel"
 )
 
@@ -180,7 +181,7 @@ func moduleConfig(c *kmmv1beta1.ModuleLoaderContainerSpec, km *kmmv1beta1.Kernel
 		cfg.RegistryTLS = *km.RegistryTLS
 	}
 	if cfg.Modprobe.DirName == "" {
-		cfg.Modprobe.DirName = "/opt"
+		cfg.Modprobe.DirName = contract.DefaultDirName
 	}
 	cfg.InTreeModulesToRemove = inTreeModules(c.InTreeModulesToRemove, c.InTreeModuleToRemove)
 	if len(km.InTreeModulesToRemove) > 0 || km.InTreeModuleToRemove != "" {

@@ -6,6 +6,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/internal/semantic"
 )
 
@@ -54,7 +55,7 @@ type Plan struct {
 
 // WorkerIntent is a worker pod to create.
 type WorkerIntent struct {
-	Action  WorkerAction
+	Action  contract.Action
 	Attempt int32
 	// Entry is what the pod loads (load, reload) or unloads (unload).
 	Entry kmmv1beta1.NodeModuleSpec
@@ -207,7 +208,7 @@ func reasonFor(t Trigger, f *Facts) string {
 	switch t {
 	case WorkerFailed:
 		if r := f.Worker.Result.Reason; r != "" {
-			return r
+			return string(r)
 		}
 	case WorkerTimedOut:
 		return ReasonTimedOut

@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/contract"
 )
 
 var t0 = time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
@@ -46,7 +47,7 @@ func facts(spec *kmmv1beta1.NodeModuleSpec, status kmmv1beta1.NodeModuleStatus, 
 
 type want struct {
 	state   State
-	create  WorkerAction // "" = no pod created
+	create  contract.Action // "" = no pod created
 	delete  bool
 	ready   bool
 	removed bool // status entry removed
@@ -67,7 +68,7 @@ func check(t *testing.T, f Facts, w want) Result {
 	if r.Status == nil || r.Status.State != w.state {
 		t.Fatalf("state = %v, want %s (fired %v)", r.Status, w.state, r.Fired)
 	}
-	var created WorkerAction
+	var created contract.Action
 	if r.Plan.CreateWorker != nil {
 		created = r.Plan.CreateWorker.Action
 	}
@@ -100,16 +101,16 @@ func TestStepSeedRules(t *testing.T) {
 		{"rule 1: node NotReady: nothing, even with status missing", facts(e1, kmmv1beta1.NodeModuleStatus{}, notReady), want{state: Absent}},
 		{"rule 1: node cordoned: nothing", facts(e1, kmmv1beta1.NodeModuleStatus{}, cordoned), want{state: Absent}},
 		{"rule 1: node NotReady with spec removed: no unload pod", facts(nil, loaded(Loaded, e1), notReady), want{state: Loaded, ready: true}},
-		{"rule 2: status missing, node kernel equals spec kernel: load pod", facts(e1, kmmv1beta1.NodeModuleStatus{}, readyNode(k1)), want{state: Loading, create: ActionLoad}},
+		{"rule 2: status missing, node kernel equals spec kernel: load pod", facts(e1, kmmv1beta1.NodeModuleStatus{}, readyNode(k1)), want{state: Loading, create: contract.ActionLoad}},
 		{"rule 2: status missing, node kernel differs from spec kernel: nothing", facts(e2, kmmv1beta1.NodeModuleStatus{}, readyNode(k1)), want{state: Absent}},
-		{"rule 3: spec missing, status kernel equals node kernel: unload pod", facts(nil, loaded(Loaded, e1), readyNode(k1)), want{state: Unloading, create: ActionUnload}},
+		{"rule 3: spec missing, status kernel equals node kernel: unload pod", facts(nil, loaded(Loaded, e1), readyNode(k1)), want{state: Unloading, create: contract.ActionUnload}},
 		{"rule 3: spec missing, status kernel differs from node kernel: nothing to unload", facts(nil, loaded(Loaded, e1), readyNode(k2)), want{removed: true}},
-		{"rule 4: spec differs from status, status kernel equals node kernel: one reload pod (issue 22), the ready label stays", facts(e1b, loaded(Loaded, e1), readyNode(k1)), want{state: Loading, create: ActionReload, ready: true}},
-		{"rule 4: spec differs, status kernel differs, spec kernel equals node kernel: load pod", facts(e2, loaded(Loaded, e1), readyNode(k2)), want{state: Loading, create: ActionLoad}},
+		{"rule 4: spec differs from status, status kernel equals node kernel: one reload pod (issue 22), the ready label stays", facts(e1b, loaded(Loaded, e1), readyNode(k1)), want{state: Loading, create: contract.ActionReload, ready: true}},
+		{"rule 4: spec differs, status kernel differs, spec kernel equals node kernel: load pod", facts(e2, loaded(Loaded, e1), readyNode(k2)), want{state: Loading, create: contract.ActionLoad}},
 		{"rule 4: spec differs, both kernels differ from the node's: nothing", facts(e1b, loaded(Loaded, e1), readyNode(k2)), want{state: Absent}},
-		{"rule 5: spec equals status, Ready newer than status: load pod", facts(e1, loaded(Loaded, e1), rebootedReady), want{state: Loading, create: ActionLoad}},
+		{"rule 5: spec equals status, Ready newer than status: load pod", facts(e1, loaded(Loaded, e1), rebootedReady), want{state: Loading, create: contract.ActionLoad}},
 		{"rule 5: spec equals status, Ready older than status: nothing", facts(e1, loaded(Loaded, e1), readyNode(k1)), want{state: Loaded, ready: true}},
-		{"reboot: boot ID changed: load again", facts(e1, loaded(Loaded, e1), newBoot), want{state: Loading, create: ActionLoad}},
+		{"reboot: boot ID changed: load again", facts(e1, loaded(Loaded, e1), newBoot), want{state: Loading, create: contract.ActionLoad}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) { check(t, tc.f, tc.want) })
@@ -123,7 +124,7 @@ func TestStepWorkerOutcomes(t *testing.T) {
 
 	t.Run("load succeeded: Loaded, ready label, pod deleted, config and boot recorded", func(t *testing.T) {
 		f := facts(e1, loading, readyNode(k1))
-		f.Worker = Worker{Phase: PodSucceeded, Action: ActionLoad, Entry: *e1, Result: WorkerResult{BootID: "b1", ImageDigest: "sha256:1"}}
+		f.Worker = Worker{Phase: PodSucceeded, Action: contract.ActionLoad, Entry: *e1, Result: contract.Result{BootID: "b1", ImageDigest: "sha256:1"}}
 		r := check(t, f, want{state: Loaded, delete: true, ready: true})
 		if r.Status.Config == nil || r.Status.BootID != "b1" || r.Status.ImageDigest != "sha256:1" || r.Status.LastWorkerTime == nil {
 			t.Fatalf("status = %+v", r.Status)
@@ -131,12 +132,12 @@ func TestStepWorkerOutcomes(t *testing.T) {
 	})
 	t.Run("load succeeded in an earlier boot: stale, pod deleted, still Loading", func(t *testing.T) {
 		f := facts(e1, loading, readyNode(k1))
-		f.Worker = Worker{Phase: PodSucceeded, Action: ActionLoad, Entry: *e1, Result: WorkerResult{BootID: "b0"}}
+		f.Worker = Worker{Phase: PodSucceeded, Action: contract.ActionLoad, Entry: *e1, Result: contract.Result{BootID: "b0"}}
 		check(t, f, want{state: Loading, delete: true})
 	})
 	t.Run("load failed: LoadBackOff, attempts counted, failed pod kept, requeue after back-off", func(t *testing.T) {
 		f := facts(e1, loading, readyNode(k1))
-		f.Worker = Worker{Phase: PodFailed, Action: ActionLoad, Entry: *e1, Result: WorkerResult{Reason: "ImagePull", Message: "not found"}}
+		f.Worker = Worker{Phase: PodFailed, Action: contract.ActionLoad, Entry: *e1, Result: contract.Result{Reason: "ImagePull", Message: "not found"}}
 		r := check(t, f, want{state: LoadBackOff})
 		if r.Status.Attempts != 1 || r.Plan.RequeueAfter != DefaultBackOff.Base {
 			t.Fatalf("attempts %d requeue %v", r.Status.Attempts, r.Plan.RequeueAfter)
@@ -144,13 +145,13 @@ func TestStepWorkerOutcomes(t *testing.T) {
 	})
 	t.Run("load failed while the node is NotReady: still recorded", func(t *testing.T) {
 		f := facts(e1, loading, Node{KernelVersion: k1})
-		f.Worker = Worker{Phase: PodFailed, Action: ActionLoad, Entry: *e1}
+		f.Worker = Worker{Phase: PodFailed, Action: contract.ActionLoad, Entry: *e1}
 		check(t, f, want{state: LoadBackOff})
 	})
 	t.Run("back-off expired: Loading, old pod deleted first", func(t *testing.T) {
 		st := kmmv1beta1.NodeModuleStatus{State: LoadBackOff, Attempts: 2, LastTransitionTime: metav1.NewTime(t0.Add(-DefaultBackOff.Delay(2)))}
 		f := facts(e1, st, readyNode(k1))
-		f.Worker = Worker{Phase: PodFailed, Action: ActionLoad, Attempt: 1, Entry: *e1}
+		f.Worker = Worker{Phase: PodFailed, Action: contract.ActionLoad, Attempt: 1, Entry: *e1}
 		check(t, f, want{state: Loading, delete: true})
 	})
 	t.Run("back-off not over: wait", func(t *testing.T) {
@@ -164,13 +165,13 @@ func TestStepWorkerOutcomes(t *testing.T) {
 	t.Run("spec fixed during back-off: retry at once", func(t *testing.T) {
 		st := kmmv1beta1.NodeModuleStatus{State: LoadBackOff, Attempts: 1, LastTransitionTime: metav1.NewTime(t0)}
 		f := facts(e1, st, readyNode(k1))
-		f.Worker = Worker{Phase: PodFailed, Action: ActionLoad, Entry: *entry(k1, "r/m:broken", ""), EntryKnown: true}
+		f.Worker = Worker{Phase: PodFailed, Action: contract.ActionLoad, Entry: *entry(k1, "r/m:broken", ""), EntryKnown: true}
 		check(t, f, want{state: Loading, delete: true})
 	})
 	t.Run("failed pod whose config cannot be read: back-off holds (the retry storm)", func(t *testing.T) {
 		st := kmmv1beta1.NodeModuleStatus{State: LoadBackOff, Attempts: 1, LastTransitionTime: metav1.NewTime(t0)}
 		f := facts(e1, st, readyNode(k1))
-		f.Worker = Worker{Phase: PodFailed, Action: ActionLoad, Attempt: 0}
+		f.Worker = Worker{Phase: PodFailed, Action: contract.ActionLoad, Attempt: 0}
 		r := check(t, f, want{state: LoadBackOff})
 		if r.Plan.RequeueAfter != DefaultBackOff.Base {
 			t.Fatalf("requeue %v, want the back-off", r.Plan.RequeueAfter)
@@ -178,14 +179,14 @@ func TestStepWorkerOutcomes(t *testing.T) {
 	})
 	t.Run("worker refused the config: terminal, no retry after the back-off", func(t *testing.T) {
 		f := facts(e1, loading, readyNode(k1))
-		f.Worker = Worker{Phase: PodFailed, Action: ActionLoad, Entry: *e1, EntryKnown: true, Result: WorkerResult{Reason: "InvalidConfig", Message: "invalid config"}}
+		f.Worker = Worker{Phase: PodFailed, Action: contract.ActionLoad, Entry: *e1, EntryKnown: true, Result: contract.Result{Reason: "InvalidConfig", Message: "invalid config"}}
 		r := check(t, f, want{state: LoadBackOff})
 		if r.Status.Reason != ReasonInvalidConfig || r.Status.Transitions[0].Reason != ReasonInvalidConfig {
 			t.Fatalf("reason %q, log %+v", r.Status.Reason, r.Status.Transitions)
 		}
 		f = facts(e1, *r.Status, readyNode(k1))
 		f.Now = t0.Add(time.Hour)
-		f.Worker = Worker{Phase: PodFailed, Action: ActionLoad, Entry: *e1, EntryKnown: true, Result: WorkerResult{Reason: "InvalidConfig"}}
+		f.Worker = Worker{Phase: PodFailed, Action: contract.ActionLoad, Entry: *e1, EntryKnown: true, Result: contract.Result{Reason: "InvalidConfig"}}
 		r = check(t, f, want{state: LoadBackOff})
 		if r.Plan.RequeueAfter != 0 || len(r.Fired) != 0 {
 			t.Fatalf("a refused config was retried: %+v", r)
@@ -195,7 +196,7 @@ func TestStepWorkerOutcomes(t *testing.T) {
 		// The failed pod is gone (deleted by hand): which config it had is unknown, so the pair
 		// tries once more (at most one pod per such deletion).
 		f.Spec, f.Worker = e1, Worker{}
-		check(t, f, want{state: Loading, create: ActionLoad})
+		check(t, f, want{state: Loading, create: contract.ActionLoad})
 	})
 	t.Run("invalid spec config: no pod, LoadBackOff InvalidConfig, then a valid one loads at once", func(t *testing.T) {
 		bad := entry(k1, "r/m:v1", "")
@@ -208,24 +209,24 @@ func TestStepWorkerOutcomes(t *testing.T) {
 		f.Now = t0.Add(time.Hour)
 		check(t, f, want{state: LoadBackOff})
 		f.Spec = e1
-		check(t, f, want{state: Loading, create: ActionLoad})
+		check(t, f, want{state: Loading, create: contract.ActionLoad})
 	})
 	t.Run("pod refused by the API server: back-off, then retried", func(t *testing.T) {
 		f := facts(e1, loading, readyNode(k1))
-		f.CreateRefused = &CreateRefusal{Action: ActionLoad, Attempt: 0, Message: "metadata.annotations: Too long"}
+		f.CreateRefused = &CreateRefusal{Action: contract.ActionLoad, Attempt: 0, Message: "metadata.annotations: Too long"}
 		r := check(t, f, want{state: LoadBackOff})
 		if r.Status.Reason != ReasonPodRejected || r.Plan.RequeueAfter != DefaultBackOff.Base {
 			t.Fatalf("status %+v plan %+v", r.Status, r.Plan)
 		}
 		f = facts(e1, *r.Status, readyNode(k1))
 		f.Now = t0.Add(DefaultBackOff.Base)
-		f.CreateRefused = &CreateRefusal{Action: ActionLoad, Attempt: 0}
-		check(t, f, want{state: Loading, create: ActionLoad})
+		f.CreateRefused = &CreateRefusal{Action: contract.ActionLoad, Attempt: 0}
+		check(t, f, want{state: Loading, create: contract.ActionLoad})
 	})
 	t.Run("service account unreadable: no pod, back-off with the operator's reason, then retried", func(t *testing.T) {
 		f := facts(e1, loading, readyNode(k1))
 		msg := `cannot read service account ns/loader for its imagePullSecrets: serviceaccounts "loader" is forbidden`
-		f.CreateRefused = &CreateRefusal{Action: ActionLoad, Attempt: 0, Reason: ReasonServiceAccountUnreadable, Message: msg}
+		f.CreateRefused = &CreateRefusal{Action: contract.ActionLoad, Attempt: 0, Reason: ReasonServiceAccountUnreadable, Message: msg}
 		r := check(t, f, want{state: LoadBackOff})
 		if r.Status.Reason != ReasonServiceAccountUnreadable || !strings.Contains(r.Status.Message, msg) || r.Status.Attempts != 1 ||
 			r.Plan.RequeueAfter != DefaultBackOff.Base {
@@ -233,11 +234,11 @@ func TestStepWorkerOutcomes(t *testing.T) {
 		}
 		f = facts(e1, *r.Status, readyNode(k1))
 		f.Now = t0.Add(DefaultBackOff.Base)
-		check(t, f, want{state: Loading, create: ActionLoad})
+		check(t, f, want{state: Loading, create: contract.ActionLoad})
 	})
 	t.Run("worker pod past the timeout: LoadBackOff, pod deleted; before it, a requeue at the timeout", func(t *testing.T) {
 		f := facts(e1, loading, readyNode(k1))
-		f.Worker = Worker{Phase: PodRunning, Action: ActionLoad, Entry: *e1, EntryKnown: true, Created: t0.Add(-time.Minute)}
+		f.Worker = Worker{Phase: PodRunning, Action: contract.ActionLoad, Entry: *e1, EntryKnown: true, Created: t0.Add(-time.Minute)}
 		r := check(t, f, want{state: Loading})
 		if r.Plan.RequeueAfter != DefaultWorkerTimeout-time.Minute {
 			t.Fatalf("requeue %v", r.Plan.RequeueAfter)
@@ -250,13 +251,13 @@ func TestStepWorkerOutcomes(t *testing.T) {
 	})
 	t.Run("worker pod past the timeout, spec removed meanwhile: LoadBackOff first, the rest once the pod's fate is known", func(t *testing.T) {
 		f := facts(nil, loading, readyNode(k1))
-		f.Worker = Worker{Phase: PodRunning, Action: ActionLoad, Entry: *e1, EntryKnown: true, Created: t0.Add(-DefaultWorkerTimeout)}
+		f.Worker = Worker{Phase: PodRunning, Action: contract.ActionLoad, Entry: *e1, EntryKnown: true, Created: t0.Add(-DefaultWorkerTimeout)}
 		check(t, f, want{state: LoadBackOff, delete: true})
 		// The deletion lost the race: the pod succeeded. The module is loaded, and then unloaded.
 		st := loading
 		st.State, st.Reason, st.Attempts = LoadBackOff, ReasonTimedOut, 1
 		f = facts(nil, st, readyNode(k1))
-		f.Worker = Worker{Phase: PodSucceeded, Action: ActionLoad, Entry: *e1, EntryKnown: true, Result: WorkerResult{BootID: "b1"}}
+		f.Worker = Worker{Phase: PodSucceeded, Action: contract.ActionLoad, Entry: *e1, EntryKnown: true, Result: contract.Result{BootID: "b1"}}
 		r := check(t, f, want{state: Unloading, delete: true}) // the unload pod comes once the load pod is gone
 		if r.Fired[0].To != Loaded {
 			t.Fatalf("transitions %+v: the late success must be recorded first", r.Fired)
@@ -264,7 +265,7 @@ func TestStepWorkerOutcomes(t *testing.T) {
 	})
 	t.Run("unload succeeded, spec gone: entry removed", func(t *testing.T) {
 		f := facts(nil, loaded(Unloading, e1), readyNode(k1))
-		f.Worker = Worker{Phase: PodSucceeded, Action: ActionUnload, Entry: *e1}
+		f.Worker = Worker{Phase: PodSucceeded, Action: contract.ActionUnload, Entry: *e1}
 		check(t, f, want{removed: true})
 	})
 	// Found by the explorer (issue 19): the unload pod succeeds just as the reconcile that read it
@@ -275,7 +276,7 @@ func TestStepWorkerOutcomes(t *testing.T) {
 		st := loaded(UnloadBackOff, e1)
 		st.Reason, st.Attempts = ReasonTimedOut, 1
 		f := facts(e1, st, readyNode(k1))
-		f.Worker = Worker{Phase: PodSucceeded, Action: ActionUnload, Attempt: 0, Entry: *e1, EntryKnown: true}
+		f.Worker = Worker{Phase: PodSucceeded, Action: contract.ActionUnload, Attempt: 0, Entry: *e1, EntryKnown: true}
 		r := check(t, f, want{state: Loading, delete: true})
 		if got := r.Fired[0]; got.From != UnloadBackOff || got.Trigger != string(WorkerSucceeded) || got.To != Absent {
 			t.Fatalf("first transition %+v, want UnloadBackOff --WorkerSucceeded--> Absent", got)
@@ -301,18 +302,18 @@ func TestStepOrderedUpgrade(t *testing.T) {
 	check(t, f, want{state: DevicePluginDraining}) // no unload while the device plugin runs
 
 	f = facts(nil, loaded(DevicePluginDraining, v1), node)
-	check(t, f, want{state: Unloading, create: ActionUnload})
+	check(t, f, want{state: Unloading, create: contract.ActionUnload})
 
 	f = facts(nil, loaded(Unloading, v1), node)
-	f.Worker = Worker{Phase: PodSucceeded, Action: ActionUnload, Entry: *v1}
+	f.Worker = Worker{Phase: PodSucceeded, Action: contract.ActionUnload, Entry: *v1}
 	check(t, f, want{state: Upgrading, delete: true})
 
 	f = facts(v2, kmmv1beta1.NodeModuleStatus{State: Upgrading, LastTransitionTime: metav1.NewTime(t0)}, node)
-	check(t, f, want{state: Loading, create: ActionLoad})
+	check(t, f, want{state: Loading, create: contract.ActionLoad})
 
 	loading := kmmv1beta1.NodeModuleStatus{State: Loading, LastTransitionTime: metav1.NewTime(t0)}
 	f = facts(v2, loading, node)
-	f.Worker = Worker{Phase: PodSucceeded, Action: ActionLoad, Entry: *v2, Result: WorkerResult{BootID: "b1"}}
+	f.Worker = Worker{Phase: PodSucceeded, Action: contract.ActionLoad, Entry: *v2, Result: contract.Result{BootID: "b1"}}
 	r := check(t, f, want{state: Loaded, delete: true, ready: true})
 	if r.Plan.VersionReady != "v2" {
 		t.Fatalf("version.ready = %q, want v2", r.Plan.VersionReady)
@@ -357,7 +358,7 @@ func TestTransitionLogIsBoundedAndReplays(t *testing.T) {
 		f.Now = t0.Add(time.Duration(i) * time.Minute)
 		switch st.State {
 		case Loading:
-			f.Worker = Worker{Phase: PodSucceeded, Action: ActionLoad, Entry: *e1, Result: WorkerResult{BootID: node.BootID}}
+			f.Worker = Worker{Phase: PodSucceeded, Action: contract.ActionLoad, Entry: *e1, Result: contract.Result{BootID: node.BootID}}
 		case Loaded:
 			boot++
 			f.Node.BootID = string(rune('a' + boot))
