@@ -56,6 +56,10 @@ type ModuleReconciler struct {
 	Recorder  events.EventRecorder
 	// Clock gives the conditions' transition times; nil means the real clock.
 	Clock clock.PassiveClock
+	// HandoverTimeout bounds the handover of upstream KMM's device plugin (0: fsm.DefaultHandoverTimeout).
+	HandoverTimeout time.Duration
+	// OrphanGrace is how long a spec entry of a Module that does not exist is kept (0: fsm.DefaultOrphanGrace).
+	OrphanGrace time.Duration
 
 	conflicts    conflictRetry
 	statusWrites statusWrites
@@ -290,10 +294,22 @@ func (r *ModuleReconciler) reconcile(ctx context.Context, req ctrl.Request) (ctr
 		return ctrl.Result{}, err
 	}
 	res := ctrl.Result{RequeueAfter: statusWait}
-	if scope.handoverPending && (res.RequeueAfter == 0 || res.RequeueAfter > HandoverPoll) {
-		res.RequeueAfter = HandoverPoll // upstream's device plugin pods are not watched
+	if poll := handoverPoll(scope); poll > 0 && (res.RequeueAfter == 0 || res.RequeueAfter > poll) {
+		res.RequeueAfter = poll // upstream's device plugin pods are not watched
 	}
 	return res, r.releaseWhenUnloaded(ctx, scope, log)
+}
+
+// handoverPoll is when a Module whose upstream device plugin DaemonSets still exist is looked at
+// again (0: it has none).
+func handoverPoll(s *moduleScope) time.Duration {
+	switch {
+	case !s.handoverPending:
+		return 0
+	case s.handoverStuck != "":
+		return HandoverStuckPoll
+	}
+	return HandoverPoll
 }
 
 // reader reads what kmm's cache does not hold (managedFields, upstream KMM's pods).
@@ -315,8 +331,8 @@ func (r *ModuleReconciler) act(ctx context.Context, s *moduleScope, log logr.Log
 	// After kmm's device plugin DaemonSet is written: upstream KMM's goes once kmm's serves its nodes.
 	pending, err := r.handOverDevicePlugin(ctx, s)
 	s.handoverPending = pending
-	if msg := handoverMessage(s.handoverWaiting); msg != "" {
-		log.Info("Handing the device plugin over from upstream KMM", "waiting", msg)
+	if s.handoverMessage != "" {
+		log.Info("Handing the device plugin over from upstream KMM", "waiting", s.handoverMessage)
 	}
 	return append(errs, err)
 }
@@ -348,10 +364,12 @@ type moduleScope struct {
 	invalid   string
 	// refused quotes the API server's refusal of an object derived from the Module ("" when none).
 	refused string
-	// handoverPending says upstream KMM's device plugin DaemonSets of the Module still exist, and
-	// handoverWaiting which nodes only they serve yet (handover.go).
+	// handoverPending says upstream KMM's device plugin DaemonSets of the Module still exist,
+	// handoverMessage which nodes only they serve yet and why; handoverStuck is the message of a
+	// handover waiting past its timeout ("" when not stuck; handover.go).
 	handoverPending bool
-	handoverWaiting []string
+	handoverMessage string
+	handoverStuck   string
 	// started is when the reconcile began to read: the time of its status write for
 	// statusWriteWait, so that a reconcile an NMC change queued during the last one is not early.
 	started time.Time

@@ -127,10 +127,19 @@ type Operator struct {
 // test stops it at its end (or earlier, by Stop).
 func (c *Cluster) StartOperator(t *testing.T) *Operator {
 	t.Helper()
+	return c.StartOperatorWith(t, nil)
+}
+
+// StartOperatorWith is StartOperator with options changed by set (nil: none) first.
+func (c *Cluster) StartOperatorWith(t *testing.T, set func(*app.Options)) *Operator {
+	t.Helper()
 	opts := app.DefaultOptions()
 	opts.MetricsAddr, opts.ProbeAddr, opts.AllowRestartInProcess = "0", "0", true
 	opts.WebhookHost, opts.WebhookPort, opts.WebhookCertDir = c.Env.WebhookHost, c.Env.WebhookPort, c.Env.WebhookCertDir
 	opts.BackOff = BackOff
+	if set != nil {
+		set(&opts)
+	}
 	mgr, err := app.New(c.Env.Config, opts)
 	if err != nil {
 		t.Fatal(err)
