@@ -433,6 +433,11 @@ func (r *ModuleReconciler) syncSpecs(ctx context.Context, s *moduleScope, log lo
 		case d.Action == fsm.SpecDelete && current != nil && (needsTakeover(nmc, s.module) || takenOver(nmc)):
 			log.Info("Removing NMC spec entry by patch (the NMC was taken over from upstream KMM)", "node", n.Name, "reason", d.Reason)
 			applies = append(applies, func() error { return r.syncTakenOver(ctx, n.Name, n, s.module, nil) })
+		case d.Action == fsm.SpecUpdate && takenOver(nmc) && (current == nil || !semantic.Equal(current, d.Entry)):
+			// The takeover's field manager may still own fields of the entry: they are released
+			// before the apply, so that a field the new entry drops goes (syncTakenOver).
+			log.Info("Writing NMC spec entry (the NMC was taken over from upstream KMM)", "node", n.Name, "image", d.Entry.Config.ContainerImage)
+			applies = append(applies, func() error { return r.syncTakenOver(ctx, n.Name, n, s.module, d.Entry) })
 		case d.Action == fsm.SpecUpdate && (current == nil || !semantic.Equal(current, d.Entry)):
 			log.Info("Writing NMC spec entry", "node", n.Name, "image", d.Entry.Config.ContainerImage, "kernel", d.Entry.Config.KernelVersion)
 			applies = append(applies, func() error { return r.applyEntry(ctx, n, s.module, d.Entry) })
