@@ -63,6 +63,7 @@ type ModuleReconciler struct {
 
 	conflicts    conflictRetry
 	statusWrites statusWrites
+	orphans      orphanSeen
 }
 
 func (r *ModuleReconciler) clock() clock.PassiveClock {
@@ -267,9 +268,13 @@ func (r *ModuleReconciler) reconcile(ctx context.Context, req ctrl.Request) (ctr
 	if err := r.Client.Get(ctx, req.NamespacedName, m); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.statusWrites.forget(req.NamespacedName)
+			// NMC events bring the keys of their entries here: an entry of a Module that does not
+			// exist is removed after a grace (takeover.go).
+			return r.removeOrphanedEntries(ctx, req.NamespacedName)
 		}
-		return ctrl.Result{}, client.IgnoreNotFound(err)
+		return ctrl.Result{}, err
 	}
+	r.orphans.forget(req.NamespacedName)
 	// The finalizer comes before any entry is written, so that a deletion always unloads.
 	if m.DeletionTimestamp.IsZero() && !controllerutil.ContainsFinalizer(m, ModuleFinalizer) {
 		if err := r.patchFinalizers(ctx, m, controllerutil.AddFinalizer); err != nil {

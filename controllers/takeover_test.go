@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/cmd/manager/app"
 	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/controllers"
 	"github.com/kmm-project/kmm/fsm"
@@ -413,4 +414,47 @@ func managersOf(nmc *kmmv1beta1.NodeModulesConfig) string {
 		out = append(out, fmt.Sprintf("%s(%s%s): %s", mf.Manager, mf.Operation, mf.Subresource, mf.FieldsV1.GetRawString()))
 	}
 	return fmt.Sprint(out)
+}
+
+// TestTakeoverRemovesOrphanedEntry: upstream KMM left a spec entry and a record of a Module that no
+// longer exists (deleted while upstream was stopped, its finalizer removed by hand). No Module
+// reconcile would ever rewrite that entry, so the record waited for kmm's entry forever and the
+// module stayed in the kernel (before the fix). Past the grace, the Module→NMC controller removes
+// the entry, with an Event on the NMC, and the NMC controller unloads the module with one unload
+// pod.
+func TestTakeoverRemovesOrphanedEntry(t *testing.T) {
+	ctx := context.Background()
+	tb := cluster.NewBed(t, 1, testbed.KernelA)
+	n := tb.Nodes[0]
+	gone := tb.Module("gone")
+	w := watchTakeover(t, tb, "gone")
+	leaveAsUpstream(t, tb, upstreamNode{name: n, entry: decidedEntry(t, tb, gone, n, testbed.KernelA), bootID: node.BootID(n), loaded: true})
+	start := time.Now()
+	cluster.StartOperatorWith(t, func(o *app.Options) { o.OrphanGrace = 2 * time.Second })
+
+	testbed.Eventually(t, 40*time.Second, func() (bool, string) {
+		nmc := &kmmv1beta1.NodeModulesConfig{}
+		if err := k8s.Get(ctx, client.ObjectKey{Name: n}, nmc); err != nil && !apierrors.IsNotFound(err) {
+			return false, err.Error()
+		}
+		if e := nmc.SpecEntry(tb.NS, "gone"); e != nil {
+			return false, "the orphaned spec entry is still there" + dumpNMC(n)
+		}
+		if _, ok := node.Loaded(n)[tb.NS+"/gone"]; ok {
+			return false, "gone is still in the kernel of " + n + dumpNMC(n)
+		}
+		if st := nmc.StatusEntry(tb.NS, "gone"); st != nil {
+			return false, "status entry left: " + testbed.Describe(st)
+		}
+		return true, ""
+	})
+	t.Logf("orphaned entry removed and unloaded %v after the operator started", time.Since(start).Round(10*time.Millisecond))
+	if elapsed := time.Since(start); elapsed < 2*time.Second {
+		t.Errorf("removed after %v, before the grace", elapsed)
+	}
+	cluster.AssertEvents(t, metav1.NamespaceDefault, controllers.ReasonOrphanedEntryRemoved)
+	created, _ := w.snapshot()
+	if want := map[string]int{n + " unload": 1}; fmt.Sprint(created) != fmt.Sprint(want) {
+		t.Errorf("worker pods %v, want %v", created, want)
+	}
 }
