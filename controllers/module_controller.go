@@ -427,31 +427,40 @@ const SpecWriters = 16
 func (r *ModuleReconciler) syncSpecs(ctx context.Context, s *moduleScope, log logr.Logger) error {
 	var applies []func() error
 	for i := range s.nodes {
-		n := &s.nodes[i]
-		d := s.decisions[n.Name]
-		nmc := s.nmcs[n.Name]
-		current := nmc.SpecEntry(s.module.Namespace, s.module.Name)
-		switch {
-		case d.Action == fsm.SpecUpdate && needsTakeover(nmc, s.module):
-			log.Info("Taking over an NMC spec entry upstream KMM wrote", "node", n.Name, "image", d.Entry.Config.ContainerImage)
-			applies = append(applies, func() error { return r.syncTakenOver(ctx, n.Name, n, s.module, d.Entry) })
-		case d.Action == fsm.SpecDelete && current != nil && (needsTakeover(nmc, s.module) || takenOver(nmc)):
-			log.Info("Removing NMC spec entry by patch (the NMC was taken over from upstream KMM)", "node", n.Name, "reason", d.Reason)
-			applies = append(applies, func() error { return r.syncTakenOver(ctx, n.Name, n, s.module, nil) })
-		case d.Action == fsm.SpecUpdate && takenOver(nmc) && (current == nil || !semantic.Equal(current, d.Entry)):
-			// The takeover's field manager may still own fields of the entry: they are released
-			// before the apply, so that a field the new entry drops goes (syncTakenOver).
-			log.Info("Writing NMC spec entry (the NMC was taken over from upstream KMM)", "node", n.Name, "image", d.Entry.Config.ContainerImage)
-			applies = append(applies, func() error { return r.syncTakenOver(ctx, n.Name, n, s.module, d.Entry) })
-		case d.Action == fsm.SpecUpdate && (current == nil || !semantic.Equal(current, d.Entry)):
-			log.Info("Writing NMC spec entry", "node", n.Name, "image", d.Entry.Config.ContainerImage, "kernel", d.Entry.Config.KernelVersion)
-			applies = append(applies, func() error { return r.applyEntry(ctx, n, s.module, d.Entry) })
-		case d.Action == fsm.SpecDelete && current != nil:
-			log.Info("Removing NMC spec entry", "node", n.Name, "reason", d.Reason)
-			applies = append(applies, func() error { return r.applyEntry(ctx, n, s.module, nil) })
+		if write := r.entryWrite(ctx, s, &s.nodes[i], log); write != nil {
+			applies = append(applies, write)
 		}
 	}
 	return runConcurrently(applies, SpecWriters)
+}
+
+// entryWrite is the write of the Module's entry on node n its decision asks for (nil: none): by
+// apply, or through syncTakenOver on an NMC that holds, or held, what upstream KMM left.
+func (r *ModuleReconciler) entryWrite(ctx context.Context, s *moduleScope, n *corev1.Node, log logr.Logger) func() error {
+	d := s.decisions[n.Name]
+	nmc := s.nmcs[n.Name]
+	current := nmc.SpecEntry(s.module.Namespace, s.module.Name)
+	changed := d.Action == fsm.SpecUpdate && (current == nil || !semantic.Equal(current, d.Entry))
+	switch {
+	case d.Action == fsm.SpecUpdate && needsTakeover(nmc, s.module):
+		log.Info("Taking over an NMC spec entry upstream KMM wrote", "node", n.Name, "image", d.Entry.Config.ContainerImage)
+		return func() error { return r.syncTakenOver(ctx, n.Name, n, s.module, d.Entry) }
+	case d.Action == fsm.SpecDelete && current != nil && (needsTakeover(nmc, s.module) || takenOver(nmc)):
+		log.Info("Removing NMC spec entry by patch (the NMC was taken over from upstream KMM)", "node", n.Name, "reason", d.Reason)
+		return func() error { return r.syncTakenOver(ctx, n.Name, n, s.module, nil) }
+	case changed && takenOver(nmc):
+		// The takeover's field manager may still own fields of the entry: they are released
+		// before the apply, so that a field the new entry drops goes (syncTakenOver).
+		log.Info("Writing NMC spec entry (the NMC was taken over from upstream KMM)", "node", n.Name, "image", d.Entry.Config.ContainerImage)
+		return func() error { return r.syncTakenOver(ctx, n.Name, n, s.module, d.Entry) }
+	case changed:
+		log.Info("Writing NMC spec entry", "node", n.Name, "image", d.Entry.Config.ContainerImage, "kernel", d.Entry.Config.KernelVersion)
+		return func() error { return r.applyEntry(ctx, n, s.module, d.Entry) }
+	case d.Action == fsm.SpecDelete && current != nil:
+		log.Info("Removing NMC spec entry", "node", n.Name, "reason", d.Reason)
+		return func() error { return r.applyEntry(ctx, n, s.module, nil) }
+	}
+	return nil
 }
 
 // runConcurrently runs fns, at most n at once, and joins their errors.

@@ -200,12 +200,12 @@ func releasedEntry(nmc *kmmv1beta1.NodeModulesConfig, namespace, name string) ([
 	changed := false
 	for _, mf := range nmc.ManagedFields {
 		if mf.Manager == takeoverManager && mf.Subresource == "" && mf.FieldsV1 != nil {
-			raw, dropped, err := withoutEntry(mf.FieldsV1.Raw, namespace, name)
+			raw, dropped, err := withoutEntry(mf.FieldsV1.GetRawBytes(), namespace, name)
 			if err != nil {
 				return nil, false, err
 			}
 			if dropped {
-				mf.FieldsV1 = &metav1.FieldsV1{Raw: raw}
+				mf.FieldsV1 = metav1.NewFieldsV1(string(raw))
 				changed = true
 			}
 		}
