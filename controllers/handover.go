@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -32,6 +31,10 @@ const upstreamDevicePluginFinalizer = "kmm.node.kubernetes.io/node-labeler"
 // HandoverPoll is how often a Module whose upstream device plugin DaemonSets still exist is looked at
 // again: upstream's pods are not in kmm's cache, so their changes do not wake it.
 const HandoverPoll = 2 * time.Second
+
+// HandoverStuckPoll is how often a Module whose device plugin handover is stuck is looked at again:
+// what ends it, kmm's pods becoming Ready, changes kmm's DaemonSet, which wakes the Module anyway.
+const HandoverStuckPoll = 30 * time.Second
 
 // upstreamDevicePluginSets lists upstream KMM's device plugin DaemonSets of m (from the cache:
 // the Module controller owns DaemonSets): upstream's module name label, controlled by m, not kmm's.
@@ -76,7 +79,8 @@ func upstreamPodSelector(name string) (labels.Selector, error) {
 // kmm's: it gathers where each runs, decides (fsm.DecideHandover), deletes upstream's DaemonSets in
 // the foreground when the decision says so (the DaemonSet stays, being deleted, until its pods are
 // gone, so a restarted kmm still finds it) and releases the finalizer of upstream's pods being
-// deleted. It says whether upstream's DaemonSets are still there (the Module is looked at again).
+// deleted. It says whether upstream's DaemonSets are still there (the Module is looked at again);
+// the scope gets which nodes wait and why, and past the handover timeout that the handover is stuck.
 func (r *ModuleReconciler) handOverDevicePlugin(ctx context.Context, s *moduleScope) (bool, error) {
 	m := s.module
 	sets, err := r.upstreamDevicePluginSets(ctx, m)
@@ -87,7 +91,11 @@ func (r *ModuleReconciler) handOverDevicePlugin(ctx context.Context, s *moduleSc
 	if err != nil {
 		return true, err
 	}
-	facts := fsm.HandoverFacts{KMMRuns: m.Spec.DevicePlugin != nil && m.DeletionTimestamp.IsZero()}
+	facts := fsm.HandoverFacts{KMMRuns: m.Spec.DevicePlugin != nil && m.DeletionTimestamp.IsZero(),
+		Now: r.clock().Now(), Timeout: r.HandoverTimeout}
+	for i := range sets {
+		facts.Since = later(facts.Since, sets[i].CreationTimestamp.Time)
+	}
 	var errs []error
 	for i := range pods {
 		p := &pods[i]
@@ -98,12 +106,15 @@ func (r *ModuleReconciler) handOverDevicePlugin(ctx context.Context, s *moduleSc
 		}
 	}
 	if facts.KMMRuns {
-		if facts.KMMReady, err = r.kmmDevicePluginReady(ctx, m); err != nil {
+		if err := r.gatherKMMDevicePlugin(ctx, m, &facts); err != nil {
 			return true, err
 		}
 	}
 	d := fsm.DecideHandover(facts)
-	s.handoverWaiting = d.Waiting
+	s.handoverMessage = d.Message
+	if d.Stuck {
+		s.handoverStuck = d.Message
+	}
 	if !d.DeleteUpstream {
 		return true, errors.Join(errs...)
 	}
@@ -111,6 +122,14 @@ func (r *ModuleReconciler) handOverDevicePlugin(ctx context.Context, s *moduleSc
 		errs = append(errs, r.deleteUpstreamDevicePlugin(ctx, m, &sets[i]))
 	}
 	return true, errors.Join(errs...)
+}
+
+// later is the later of two times.
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // upstreamDevicePluginPods lists the pods of upstream's device plugin of m, uncached (kmm's cache
@@ -133,19 +152,33 @@ func (r *ModuleReconciler) upstreamDevicePluginPods(ctx context.Context, m *kmmv
 	return out, nil
 }
 
-// kmmDevicePluginReady is, by node, whether a pod of kmm's device plugin of m is Ready there.
-func (r *ModuleReconciler) kmmDevicePluginReady(ctx context.Context, m *kmmv1beta1.Module) (map[string]bool, error) {
+// gatherKMMDevicePlugin fills in, from the cache, where kmm's device plugin of m has a pod and where
+// it is Ready, and moves the handover's start to the creation of kmm's newest device plugin
+// DaemonSet of m (its pods could not be Ready before).
+func (r *ModuleReconciler) gatherKMMDevicePlugin(ctx context.Context, m *kmmv1beta1.Module, facts *fsm.HandoverFacts) error {
+	sets := &appsv1.DaemonSetList{}
+	if err := r.Client.List(ctx, sets, client.InNamespace(m.Namespace), client.MatchingLabels(devicePluginLabels(m))); err != nil {
+		return err
+	}
+	for i := range sets.Items {
+		facts.Since = later(facts.Since, sets.Items[i].CreationTimestamp.Time)
+	}
 	list := &corev1.PodList{}
 	if err := r.Client.List(ctx, list, client.InNamespace(m.Namespace), client.MatchingLabels(devicePluginLabels(m))); err != nil {
-		return nil, err
+		return err
 	}
-	ready := map[string]bool{}
+	facts.KMMReady, facts.KMMPods = map[string]bool{}, map[string]bool{}
 	for i := range list.Items {
-		if p := &list.Items[i]; p.Spec.NodeName != "" && podReady(p) {
-			ready[p.Spec.NodeName] = true
+		p := &list.Items[i]
+		if p.Spec.NodeName == "" {
+			continue
+		}
+		facts.KMMPods[p.Spec.NodeName] = true
+		if podReady(p) {
+			facts.KMMReady[p.Spec.NodeName] = true
 		}
 	}
-	return ready, nil
+	return nil
 }
 
 // deleteUpstreamDevicePlugin deletes one of upstream's device plugin DaemonSets in the foreground
@@ -210,17 +243,4 @@ func upstreamDevicePluginsOn(ctx context.Context, reader client.Reader, c client
 		}
 	}
 	return out, errors.Join(errs...)
-}
-
-// handoverMessage says which nodes wait for kmm's device plugin ("" when none).
-func handoverMessage(waiting []string) string {
-	if len(waiting) == 0 {
-		return ""
-	}
-	const shown = 5
-	list := strings.Join(waiting[:min(len(waiting), shown)], ", ")
-	if len(waiting) > shown {
-		list += fmt.Sprintf(" and %d more", len(waiting)-shown)
-	}
-	return "upstream KMM's device plugin stays until kmm's is Ready on " + list
 }

@@ -56,9 +56,14 @@ type ModuleReconciler struct {
 	Recorder  events.EventRecorder
 	// Clock gives the conditions' transition times; nil means the real clock.
 	Clock clock.PassiveClock
+	// HandoverTimeout bounds the handover of upstream KMM's device plugin (0: fsm.DefaultHandoverTimeout).
+	HandoverTimeout time.Duration
+	// OrphanGrace is how long a spec entry of a Module that does not exist is kept (0: fsm.DefaultOrphanGrace).
+	OrphanGrace time.Duration
 
 	conflicts    conflictRetry
 	statusWrites statusWrites
+	orphans      orphanSeen
 }
 
 func (r *ModuleReconciler) clock() clock.PassiveClock {
@@ -263,9 +268,13 @@ func (r *ModuleReconciler) reconcile(ctx context.Context, req ctrl.Request) (ctr
 	if err := r.Client.Get(ctx, req.NamespacedName, m); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.statusWrites.forget(req.NamespacedName)
+			// NMC events bring the keys of their entries here: an entry of a Module that does not
+			// exist is removed after a grace (takeover.go).
+			return r.removeOrphanedEntries(ctx, req.NamespacedName)
 		}
-		return ctrl.Result{}, client.IgnoreNotFound(err)
+		return ctrl.Result{}, err
 	}
+	r.orphans.forget(req.NamespacedName)
 	// The finalizer comes before any entry is written, so that a deletion always unloads.
 	if m.DeletionTimestamp.IsZero() && !controllerutil.ContainsFinalizer(m, ModuleFinalizer) {
 		if err := r.patchFinalizers(ctx, m, controllerutil.AddFinalizer); err != nil {
@@ -290,10 +299,22 @@ func (r *ModuleReconciler) reconcile(ctx context.Context, req ctrl.Request) (ctr
 		return ctrl.Result{}, err
 	}
 	res := ctrl.Result{RequeueAfter: statusWait}
-	if scope.handoverPending && (res.RequeueAfter == 0 || res.RequeueAfter > HandoverPoll) {
-		res.RequeueAfter = HandoverPoll // upstream's device plugin pods are not watched
+	if poll := handoverPoll(scope); poll > 0 && (res.RequeueAfter == 0 || res.RequeueAfter > poll) {
+		res.RequeueAfter = poll // upstream's device plugin pods are not watched
 	}
 	return res, r.releaseWhenUnloaded(ctx, scope, log)
+}
+
+// handoverPoll is when a Module whose upstream device plugin DaemonSets still exist is looked at
+// again (0: it has none).
+func handoverPoll(s *moduleScope) time.Duration {
+	switch {
+	case !s.handoverPending:
+		return 0
+	case s.handoverStuck != "":
+		return HandoverStuckPoll
+	}
+	return HandoverPoll
 }
 
 // reader reads what kmm's cache does not hold (managedFields, upstream KMM's pods).
@@ -315,8 +336,8 @@ func (r *ModuleReconciler) act(ctx context.Context, s *moduleScope, log logr.Log
 	// After kmm's device plugin DaemonSet is written: upstream KMM's goes once kmm's serves its nodes.
 	pending, err := r.handOverDevicePlugin(ctx, s)
 	s.handoverPending = pending
-	if msg := handoverMessage(s.handoverWaiting); msg != "" {
-		log.Info("Handing the device plugin over from upstream KMM", "waiting", msg)
+	if s.handoverMessage != "" {
+		log.Info("Handing the device plugin over from upstream KMM", "waiting", s.handoverMessage)
 	}
 	return append(errs, err)
 }
@@ -348,10 +369,12 @@ type moduleScope struct {
 	invalid   string
 	// refused quotes the API server's refusal of an object derived from the Module ("" when none).
 	refused string
-	// handoverPending says upstream KMM's device plugin DaemonSets of the Module still exist, and
-	// handoverWaiting which nodes only they serve yet (handover.go).
+	// handoverPending says upstream KMM's device plugin DaemonSets of the Module still exist,
+	// handoverMessage which nodes only they serve yet and why; handoverStuck is the message of a
+	// handover waiting past its timeout ("" when not stuck; handover.go).
 	handoverPending bool
-	handoverWaiting []string
+	handoverMessage string
+	handoverStuck   string
 	// started is when the reconcile began to read: the time of its status write for
 	// statusWriteWait, so that a reconcile an NMC change queued during the last one is not early.
 	started time.Time
@@ -404,26 +427,40 @@ const SpecWriters = 16
 func (r *ModuleReconciler) syncSpecs(ctx context.Context, s *moduleScope, log logr.Logger) error {
 	var applies []func() error
 	for i := range s.nodes {
-		n := &s.nodes[i]
-		d := s.decisions[n.Name]
-		nmc := s.nmcs[n.Name]
-		current := nmc.SpecEntry(s.module.Namespace, s.module.Name)
-		switch {
-		case d.Action == fsm.SpecUpdate && needsTakeover(nmc, s.module):
-			log.Info("Taking over an NMC spec entry upstream KMM wrote", "node", n.Name, "image", d.Entry.Config.ContainerImage)
-			applies = append(applies, func() error { return r.syncTakenOver(ctx, n.Name, n, s.module, d.Entry) })
-		case d.Action == fsm.SpecDelete && current != nil && (needsTakeover(nmc, s.module) || takenOver(nmc)):
-			log.Info("Removing NMC spec entry by patch (the NMC was taken over from upstream KMM)", "node", n.Name, "reason", d.Reason)
-			applies = append(applies, func() error { return r.syncTakenOver(ctx, n.Name, n, s.module, nil) })
-		case d.Action == fsm.SpecUpdate && (current == nil || !semantic.Equal(current, d.Entry)):
-			log.Info("Writing NMC spec entry", "node", n.Name, "image", d.Entry.Config.ContainerImage, "kernel", d.Entry.Config.KernelVersion)
-			applies = append(applies, func() error { return r.applyEntry(ctx, n, s.module, d.Entry) })
-		case d.Action == fsm.SpecDelete && current != nil:
-			log.Info("Removing NMC spec entry", "node", n.Name, "reason", d.Reason)
-			applies = append(applies, func() error { return r.applyEntry(ctx, n, s.module, nil) })
+		if write := r.entryWrite(ctx, s, &s.nodes[i], log); write != nil {
+			applies = append(applies, write)
 		}
 	}
 	return runConcurrently(applies, SpecWriters)
+}
+
+// entryWrite is the write of the Module's entry on node n its decision asks for (nil: none): by
+// apply, or through syncTakenOver on an NMC that holds, or held, what upstream KMM left.
+func (r *ModuleReconciler) entryWrite(ctx context.Context, s *moduleScope, n *corev1.Node, log logr.Logger) func() error {
+	d := s.decisions[n.Name]
+	nmc := s.nmcs[n.Name]
+	current := nmc.SpecEntry(s.module.Namespace, s.module.Name)
+	changed := d.Action == fsm.SpecUpdate && (current == nil || !semantic.Equal(current, d.Entry))
+	switch {
+	case d.Action == fsm.SpecUpdate && needsTakeover(nmc, s.module):
+		log.Info("Taking over an NMC spec entry upstream KMM wrote", "node", n.Name, "image", d.Entry.Config.ContainerImage)
+		return func() error { return r.syncTakenOver(ctx, n.Name, n, s.module, d.Entry) }
+	case d.Action == fsm.SpecDelete && current != nil && (needsTakeover(nmc, s.module) || takenOver(nmc)):
+		log.Info("Removing NMC spec entry by patch (the NMC was taken over from upstream KMM)", "node", n.Name, "reason", d.Reason)
+		return func() error { return r.syncTakenOver(ctx, n.Name, n, s.module, nil) }
+	case changed && takenOver(nmc):
+		// The takeover's field manager may still own fields of the entry: they are released
+		// before the apply, so that a field the new entry drops goes (syncTakenOver).
+		log.Info("Writing NMC spec entry (the NMC was taken over from upstream KMM)", "node", n.Name, "image", d.Entry.Config.ContainerImage)
+		return func() error { return r.syncTakenOver(ctx, n.Name, n, s.module, d.Entry) }
+	case changed:
+		log.Info("Writing NMC spec entry", "node", n.Name, "image", d.Entry.Config.ContainerImage, "kernel", d.Entry.Config.KernelVersion)
+		return func() error { return r.applyEntry(ctx, n, s.module, d.Entry) }
+	case d.Action == fsm.SpecDelete && current != nil:
+		log.Info("Removing NMC spec entry", "node", n.Name, "reason", d.Reason)
+		return func() error { return r.applyEntry(ctx, n, s.module, nil) }
+	}
+	return nil
 }
 
 // runConcurrently runs fns, at most n at once, and joins their errors.

@@ -181,7 +181,7 @@ func computeModuleStatus(s *moduleScope, daemonSets []appsv1.DaemonSet, now meta
 		st.DevicePlugin.DesiredNumber += ds.Status.DesiredNumberScheduled
 		st.DevicePlugin.AvailableNumber += ds.Status.NumberAvailable
 	}
-	problem := moduleProblem{invalid: s.invalid, refused: s.refused}
+	problem := moduleProblem{invalid: s.invalid, refused: s.refused, handoverStuck: s.handoverStuck}
 	progress, what := st.ModuleLoader, "loaded"
 	if m.Spec.DevicePluginOnly() {
 		// Nothing to load: Ready means the device plugin is available on every selected node
@@ -217,10 +217,12 @@ func pairCounts(nmc *kmmv1beta1.NodeModulesConfig, m *kmmv1beta1.Module, d fsm.S
 	return ps.State, desired, available
 }
 
-// moduleProblem is what is wrong with a Module itself: invalid, or an object derived from it refused.
+// moduleProblem is what is wrong with a Module itself: invalid, an object derived from it refused,
+// or the handover of upstream KMM's device plugin stuck (fsm.DecideHandover's message).
 type moduleProblem struct {
-	invalid string
-	refused string
+	invalid       string
+	refused       string
+	handoverStuck string
 }
 
 // moduleConditions derives Ready, Progressing and Degraded (see api/v1beta1/conditions.go) from what
@@ -254,6 +256,8 @@ func moduleConditions(problem moduleProblem, loader kmmv1beta1.DaemonSetStatus, 
 	case len(failing) > 0:
 		degraded = cond(kmmv1beta1.ConditionDegraded, true, kmmv1beta1.ReasonWorkerFailing, "worker failing on "+joinSorted(failing))
 		ready.Reason = kmmv1beta1.ReasonWorkerFailing
+	case problem.handoverStuck != "":
+		degraded = cond(kmmv1beta1.ConditionDegraded, true, kmmv1beta1.ReasonDevicePluginHandoverStuck, problem.handoverStuck)
 	case len(noMapping) > 0:
 		degraded = cond(kmmv1beta1.ConditionDegraded, true, kmmv1beta1.ReasonNoKernelMapping, "no kernel mapping for the kernel of "+joinSorted(noMapping))
 	}

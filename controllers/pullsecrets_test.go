@@ -157,7 +157,7 @@ func TestUnreadableServiceAccountIsReported(t *testing.T) {
 	var forbid atomic.Bool
 	forbid.Store(true)
 	saPath := "/api/v1/namespaces/" + tb.NS + "/serviceaccounts/loader"
-	cluster.StartOperatorWith(t, func(cfg *rest.Config) {
+	cluster.StartOperatorAs(t, func(cfg *rest.Config) {
 		cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
 			return roundTripFunc(func(req *http.Request) (*http.Response, error) {
 				if forbid.Load() && req.Method == http.MethodGet && req.URL.Path == saPath {

@@ -3,15 +3,21 @@ package controllers
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
@@ -32,11 +38,15 @@ const (
 	upstreamModuleNameLabel = "kmm.node.kubernetes.io/module.name"
 	// upstreamNMCLabelPrefix and the suffixes below are upstream's per-Module labels on NMCs.
 	upstreamNMCLabelPrefix = "beta.kmm.node.kubernetes.io/"
-	// takeoverManager is the field manager of the takeover patch. It may co-own fields of the
-	// entries it rewrote, so entries of a taken-over NMC are removed by a patch (syncTakenOver).
+	// takeoverManager is the field manager of the takeover patch. It owns the fields of an entry
+	// the patch changed until the Module's apply owns them too, then releases them
+	// (syncTakenOver); entries of a taken-over NMC are still removed by a patch.
 	takeoverManager = "kmm-takeover"
 	// TakenOverAnnotation marks an NMC a takeover patch rewrote (docs/migration.md).
 	TakenOverAnnotation = "kmm.sigs.x-k8s.io/taken-over"
+	// ReasonOrphanedEntryRemoved is the reason of the Event on an NMC whose spec entry of a Module
+	// that does not exist the Module→NMC controller removed.
+	ReasonOrphanedEntryRemoved = "OrphanedEntryRemoved"
 )
 
 var upstreamNMCLabelSuffixes = []string{".module-configured", ".module-in-use"}
@@ -127,21 +137,114 @@ func takeOverNeeded(nmc *kmmv1beta1.NodeModulesConfig, m *kmmv1beta1.Module) boo
 
 // syncTakenOver writes the Module's entry (nil: removes it) on a node whose NMC may hold what
 // upstream KMM left: it reads the NMC as stored (managedFields included), patches it when
-// takeOverNeeded (or to remove an entry), then applies the entry so that its manager owns it.
+// takeOverNeeded (or to remove an entry), then applies the entry so that its manager owns it, and
+// releases what the takeover's field manager owns of the entry, so that the Module's apply owns it
+// alone: a field the Module drops later then goes from the entry (co-owned, it stayed for good).
+// On an NMC taken over before, the release comes first (it may have failed then), so that an apply
+// that drops a field never finds it co-owned.
 func (r *ModuleReconciler) syncTakenOver(ctx context.Context, nodeName string, n *corev1.Node, m *kmmv1beta1.Module, e *kmmv1beta1.NodeModuleSpec) error {
 	fresh := &kmmv1beta1.NodeModulesConfig{}
 	if err := r.reader().Get(ctx, client.ObjectKey{Name: nodeName}, fresh); err != nil {
 		return client.IgnoreNotFound(err)
 	}
-	if e == nil || takeOverNeeded(fresh, m) {
-		if err := r.takeOver(ctx, fresh, m, e); err != nil {
+	if e != nil && !takeOverNeeded(fresh, m) {
+		if err := r.releaseTakeover(ctx, fresh, m); err != nil {
 			return err
 		}
+		return r.applyEntry(ctx, n, m, e)
+	}
+	if err := r.takeOver(ctx, fresh, m, e); err != nil {
+		return err
 	}
 	if e == nil {
 		return nil
 	}
-	return r.applyEntry(ctx, n, m, e)
+	if err := r.applyEntry(ctx, n, m, e); err != nil {
+		return err
+	}
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := r.reader().Get(ctx, client.ObjectKey{Name: nodeName}, fresh); err != nil {
+			return client.IgnoreNotFound(err)
+		}
+		return r.releaseTakeover(ctx, fresh, m)
+	})
+}
+
+// releaseTakeover removes the Module's entry from what the takeover's field manager owns of the NMC
+// (as stored), once the Module's own manager applied it, with a resourceVersion-guarded patch of
+// managedFields alone. Nothing to release: no write.
+func (r *ModuleReconciler) releaseTakeover(ctx context.Context, nmc *kmmv1beta1.NodeModulesConfig, m *kmmv1beta1.Module) error {
+	managed, changed, err := releasedEntry(nmc, m.Namespace, m.Name)
+	if err != nil || !changed {
+		return err
+	}
+	data, err := json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": nmc.ResourceVersion, "managedFields": managed}})
+	if err != nil {
+		return err
+	}
+	target := &kmmv1beta1.NodeModulesConfig{ObjectMeta: metav1.ObjectMeta{Name: nmc.Name}}
+	if err := r.Client.Patch(ctx, target, client.RawPatch(types.MergePatchType, data), client.FieldOwner(takeoverManager)); err != nil {
+		return fmt.Errorf("releasing the takeover's ownership of the NMC entry of %s/%s on %s: %w", m.Namespace, m.Name, nmc.Name, err)
+	}
+	return nil
+}
+
+// releasedEntry is the NMC's managedFields with the (namespace, name) entry of spec.modules gone
+// from the takeover manager's fields, and whether that changed anything: only once the Module's
+// manager applied the entry (else no one would own what the takeover wrote).
+func releasedEntry(nmc *kmmv1beta1.NodeModulesConfig, namespace, name string) ([]metav1.ManagedFieldsEntry, bool, error) {
+	if !appliedBy(nmc, fieldManager(namespace, name)) {
+		return nil, false, nil
+	}
+	out := make([]metav1.ManagedFieldsEntry, 0, len(nmc.ManagedFields))
+	changed := false
+	for _, mf := range nmc.ManagedFields {
+		if mf.Manager == takeoverManager && mf.Subresource == "" && mf.FieldsV1 != nil {
+			raw, dropped, err := withoutEntry(mf.FieldsV1.GetRawBytes(), namespace, name)
+			if err != nil {
+				return nil, false, err
+			}
+			if dropped {
+				mf.FieldsV1 = metav1.NewFieldsV1(string(raw))
+				changed = true
+			}
+		}
+		out = append(out, mf)
+	}
+	return out, changed, nil
+}
+
+// withoutEntry removes the (namespace, name) entry of spec.modules from a FieldsV1 set, and spec
+// altogether when nothing of it is left; it says whether the entry was there.
+func withoutEntry(raw []byte, namespace, name string) ([]byte, bool, error) {
+	var fields map[string]any
+	if err := json.Unmarshal(raw, &fields); err != nil {
+		return nil, false, fmt.Errorf("reading managedFields: %w", err)
+	}
+	spec, _ := fields["f:spec"].(map[string]any)
+	modules, _ := spec["f:modules"].(map[string]any)
+	dropped := false
+	for k := range modules {
+		var key struct {
+			Namespace string `json:"namespace"`
+			Name      string `json:"name"`
+		}
+		if strings.HasPrefix(k, "k:") && json.Unmarshal([]byte(k[2:]), &key) == nil && key.Namespace == namespace && key.Name == name {
+			delete(modules, k)
+			dropped = true
+		}
+	}
+	if !dropped {
+		return raw, false, nil
+	}
+	if len(modules) == 0 {
+		delete(spec, "f:modules")
+	}
+	if len(spec) == 0 {
+		delete(fields, "f:spec")
+	}
+	out, err := json.Marshal(fields)
+	return out, true, err
 }
 
 // takeOver rewrites the Module's entry on the NMC as kmm decided it (nil: removes it) with one JSON
@@ -316,4 +419,90 @@ func undecidedForeign(o pairOutcome, desired map[string]*string) bool {
 		delete(desired, l)
 	}
 	return true
+}
+
+// removeOrphanedEntries handles a Module that does not exist (in the cache): the spec entries NMCs
+// still have of it (orphaned: no reconcile of the Module will ever write them again) are removed
+// once fsm.DecideOrphans says the grace is over, each by the takeover patch, with an Event on the
+// NMC; the NMC controller then unloads the module there as for any removed entry.
+func (r *ModuleReconciler) removeOrphanedEntries(ctx context.Context, key types.NamespacedName) (ctrl.Result, error) {
+	log := ctrl.LoggerFrom(ctx).WithValues("module", key.String())
+	nmcs := &kmmv1beta1.NodeModulesConfigList{}
+	if err := r.Client.List(ctx, nmcs); err != nil {
+		return ctrl.Result{}, err
+	}
+	var found []*kmmv1beta1.NodeModulesConfig
+	facts := fsm.OrphanFacts{Now: r.clock().Now(), Grace: r.OrphanGrace}
+	for i := range nmcs.Items {
+		if nmcs.Items[i].SpecEntry(key.Namespace, key.Name) != nil {
+			found = append(found, &nmcs.Items[i])
+			facts.Nodes = append(facts.Nodes, nmcs.Items[i].Name)
+		}
+	}
+	if len(found) == 0 {
+		r.orphans.forget(key)
+		return ctrl.Result{}, nil
+	}
+	var first bool
+	facts.Since, first = r.orphans.seen(key, facts.Now)
+	d := fsm.DecideOrphans(facts)
+	if !d.Remove {
+		if first {
+			log.Info("NMC spec entries of a Module that does not exist: removed after the grace unless it comes back",
+				"nodes", facts.Nodes, "after", d.RequeueAfter)
+		}
+		return ctrl.Result{RequeueAfter: d.RequeueAfter}, nil
+	}
+	// The cache may lag a Module just created: the API server has the last word.
+	m := &kmmv1beta1.Module{}
+	if err := r.reader().Get(ctx, key, m); err == nil {
+		r.orphans.forget(key)
+		return ctrl.Result{}, nil
+	} else if !apierrors.IsNotFound(err) {
+		return ctrl.Result{}, err
+	}
+	m.Namespace, m.Name = key.Namespace, key.Name
+	var errs []error
+	for _, nmc := range found {
+		if err := r.syncTakenOver(ctx, nmc.Name, nil, m, nil); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		log.Info("Removed the NMC spec entry of a Module that does not exist", "node", nmc.Name)
+		r.Recorder.Eventf(nmc, nil, corev1.EventTypeWarning, ReasonOrphanedEntryRemoved, "RemoveEntry",
+			"removed the spec entry of %s: no such Module for %v (left by upstream KMM, or a Module deleted without kmm's finalizer); the module is unloaded from %s",
+			key, facts.Now.Sub(facts.Since).Round(time.Second), nmc.Name)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return ctrl.Result{}, err
+	}
+	r.orphans.forget(key)
+	return ctrl.Result{}, nil
+}
+
+// orphanSeen remembers when this process first saw each Module's spec entries without the Module;
+// an entry goes once they are removed or the Module is back.
+type orphanSeen struct {
+	mu sync.Mutex
+	at map[types.NamespacedName]time.Time
+}
+
+// seen returns when key was first seen orphaned (now, and true, for the first time).
+func (o *orphanSeen) seen(key types.NamespacedName, now time.Time) (time.Time, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if t, ok := o.at[key]; ok {
+		return t, false
+	}
+	if o.at == nil {
+		o.at = map[types.NamespacedName]time.Time{}
+	}
+	o.at[key] = now
+	return now, true
+}
+
+func (o *orphanSeen) forget(key types.NamespacedName) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	delete(o.at, key)
 }

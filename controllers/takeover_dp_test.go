@@ -12,7 +12,9 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
@@ -20,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/cmd/manager/app"
 	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/controllers"
 	"github.com/kmm-project/kmm/fsm"
@@ -373,4 +376,110 @@ func TestTakeoverUnloadsWhatNoModuleWants(t *testing.T) {
 	if !open.IsZero() {
 		t.Errorf("%s has had no Ready device plugin pod since %v", selected, open)
 	}
+}
+
+// TestTakeoverHandoverStuckIsReported: kmm's device plugin cannot run on one node (it lacks the
+// toleration of a taint upstream's device plugin tolerates), so the handover waits there. Past the
+// handover timeout upstream's DaemonSet stays (the node keeps a Ready device plugin pod) and the
+// Module is Degraded with reason DevicePluginHandoverStuck naming that node, with one Event; once
+// the taint goes, kmm's pod runs there, upstream's DaemonSet goes and the Module is no longer
+// Degraded. Before the fix the handover waited silently, with no bound.
+func TestTakeoverHandoverStuckIsReported(t *testing.T) {
+	ctx := context.Background()
+	tb := cluster.NewBed(t, 2, testbed.KernelA)
+	served, stuck := tb.Nodes[0], tb.Nodes[1]
+	m := tb.Module("nic")
+	m.Spec.DevicePlugin = &kmmv1beta1.DevicePluginSpec{Container: kmmv1beta1.DevicePluginContainerSpec{Image: "reg.example.com/nic-dp:1"}}
+	cov := watchDevicePluginCoverage(t, tb, "nic")
+	for _, n := range tb.Nodes {
+		leaveAsUpstream(t, tb, upstreamNode{name: n, entry: decidedEntry(t, tb, m, n, testbed.KernelA), bootID: node.BootID(n), loaded: true})
+	}
+	const taintKey = "example.com/upstream-device-plugin-only"
+	setTaint := func(on bool) {
+		taints := []corev1.Taint{}
+		if on {
+			taints = append(taints, corev1.Taint{Key: taintKey, Effect: corev1.TaintEffectNoSchedule})
+		}
+		data, _ := json.Marshal(map[string]any{"spec": map[string]any{"taints": taints}})
+		if err := k8s.Patch(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: stuck}}, client.RawPatch(types.MergePatchType, data)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setTaint(true)
+	ds := leaveUpstreamDevicePlugin(t, tb, "nic", "")
+	tol, _ := json.Marshal(map[string]any{"spec": map[string]any{"template": map[string]any{"spec": map[string]any{
+		"tolerations": []corev1.Toleration{{Key: taintKey, Operator: corev1.TolerationOpExists}}}}}})
+	if err := k8s.Patch(ctx, ds, client.RawPatch(types.MergePatchType, tol)); err != nil {
+		t.Fatal(err)
+	}
+	testbed.Eventually(t, 30*time.Second, func() (bool, string) {
+		by := cov.servedBy()
+		return len(by[served]) > 0 && len(by[stuck]) > 0, fmt.Sprintf("upstream's device plugin Ready on both nodes: %v", by)
+	})
+
+	const timeout = 3 * time.Second
+	start := time.Now()
+	cluster.StartOperatorWith(t, func(o *app.Options) { o.HandoverTimeout = timeout })
+	tb.Create(m)
+	ownUpstreamDevicePlugin(t, ds, m)
+	degraded := func() *metav1.Condition {
+		got := &kmmv1beta1.Module{}
+		if err := k8s.Get(ctx, client.ObjectKeyFromObject(m), got); err != nil {
+			t.Fatal(err)
+		}
+		return meta.FindStatusCondition(got.Status.Conditions, kmmv1beta1.ConditionDegraded)
+	}
+	testbed.Eventually(t, 40*time.Second, func() (bool, string) {
+		c := degraded()
+		if c == nil || c.Status != metav1.ConditionTrue || c.Reason != kmmv1beta1.ReasonDevicePluginHandoverStuck {
+			return false, fmt.Sprintf("Degraded: %+v, want True/%s; served by %v", c, kmmv1beta1.ReasonDevicePluginHandoverStuck, cov.servedBy())
+		}
+		if !strings.Contains(c.Message, stuck) || strings.Contains(c.Message, served) {
+			return false, fmt.Sprintf("Degraded message %q should name %s and not %s", c.Message, stuck, served)
+		}
+		return true, ""
+	})
+	if elapsed := time.Since(start); elapsed < timeout {
+		t.Errorf("reported stuck after %v, before the timeout %v", elapsed, timeout)
+	}
+	time.Sleep(3 * time.Second) // more handover polls: still one Event, upstream's DaemonSet kept
+	if err := k8s.Get(ctx, client.ObjectKeyFromObject(ds), ds); err != nil || ds.DeletionTimestamp != nil {
+		t.Fatalf("upstream's DaemonSet was deleted while kmm's device plugin does not serve %s (%v)", stuck, err)
+	}
+	if by := cov.servedBy(); !slices.Contains(by[stuck], "upstream") || !slices.Contains(by[served], "kmm") {
+		t.Errorf("served by %v: want upstream's device plugin kept on %s and kmm's on %s", by, stuck, served)
+	}
+	if n := countEvents(t, tb.NS, kmmv1beta1.ReasonDevicePluginHandoverStuck); n != 1 {
+		t.Errorf("%d Events %s, want 1", n, kmmv1beta1.ReasonDevicePluginHandoverStuck)
+	}
+
+	setTaint(false)
+	testbed.Eventually(t, 40*time.Second, func() (bool, string) {
+		if err := k8s.Get(ctx, client.ObjectKeyFromObject(ds), &appsv1.DaemonSet{}); !apierrors.IsNotFound(err) {
+			return false, fmt.Sprintf("upstream's DaemonSet still there (%v); served by %v", err, cov.servedBy())
+		}
+		if c := degraded(); c == nil || c.Status != metav1.ConditionFalse {
+			return false, fmt.Sprintf("Degraded: %+v, want False", c)
+		}
+		return true, ""
+	})
+	if gaps := cov.stop(); len(gaps) > 0 {
+		t.Fatalf("device plugin coverage lost: %v", gaps)
+	}
+}
+
+// countEvents counts the Events of a reason in a namespace.
+func countEvents(t *testing.T, ns, reason string) int {
+	t.Helper()
+	evs := &eventsv1.EventList{}
+	if err := k8s.List(context.Background(), evs, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range evs.Items {
+		if e.Reason == reason {
+			n++
+		}
+	}
+	return n
 }

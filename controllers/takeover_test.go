@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/cmd/manager/app"
 	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/controllers"
 	"github.com/kmm-project/kmm/fsm"
@@ -331,4 +332,129 @@ func dumpNMC(n string) string {
 	}
 	data, _ := json.Marshal(nmc)
 	return "\n" + string(data) + "\n" + fmt.Sprint(conds)
+}
+
+// TestTakeoverFieldRemovedStaysRemoved: the takeover patch writes kmm's entry where upstream's was;
+// fields kmm's entry has and upstream's had not (the worker pods' service account, pull secret and
+// tolerations here) are then co-owned by the takeover's field manager and the Module's. Once the
+// user removes them from the Module, they go from the NMC entry and stay gone: the takeover manager
+// no longer owns them (before the fix it did, and the NMC kept them forever).
+func TestTakeoverFieldRemovedStaysRemoved(t *testing.T) {
+	ctx := context.Background()
+	tb := cluster.NewBed(t, 2, testbed.KernelA)
+	m := tb.Module("nic")
+	m.Spec.ModuleLoader.ServiceAccountName = "nic-worker"
+	m.Spec.ImageRepoSecret = &corev1.LocalObjectReference{Name: "nic-pull"}
+	m.Spec.Tolerations = []corev1.Toleration{{Key: "example.com/kmod", Operator: corev1.TolerationOpExists}}
+	for _, n := range tb.Nodes {
+		e := decidedEntry(t, tb, m, n, testbed.KernelA)
+		e.ServiceAccountName, e.ImageRepoSecret = "", nil // upstream's entry lacks what kmm's has
+		leaveAsUpstream(t, tb, upstreamNode{name: n, entry: e, bootID: node.BootID(n), loaded: true})
+	}
+	cluster.StartOperator(t)
+	tb.Create(m)
+	entries := func(want func(*kmmv1beta1.NodeModuleSpec) string) func() (bool, string) {
+		return func() (bool, string) {
+			for _, n := range tb.Nodes {
+				nmc := &kmmv1beta1.NodeModulesConfig{}
+				if err := k8s.Get(ctx, client.ObjectKey{Name: n}, nmc); err != nil {
+					return false, err.Error()
+				}
+				e := nmc.SpecEntry(tb.NS, "nic")
+				if e == nil {
+					return false, "no entry on " + n
+				}
+				if why := want(e); why != "" {
+					return false, n + ": " + why + fmt.Sprintf(" (entry %+v, managedFields %s)", e, managersOf(nmc))
+				}
+			}
+			return true, ""
+		}
+	}
+	testbed.Eventually(t, 30*time.Second, func() (bool, string) {
+		for _, n := range tb.Nodes {
+			if st := cluster.PairStatus(n, tb.NS, "nic"); st == nil || st.Reason != string(fsm.Adopted) {
+				return false, fmt.Sprintf("nic on %s: %s, want Adopted", n, testbed.Describe(st))
+			}
+		}
+		return true, ""
+	})
+	testbed.Eventually(t, 20*time.Second, entries(func(e *kmmv1beta1.NodeModuleSpec) string {
+		if e.ServiceAccountName != "nic-worker" || e.ImageRepoSecret == nil || len(e.Tolerations) != 1 || e.Tolerations[0].Key != "example.com/kmod" {
+			return "kmm's entry not written yet"
+		}
+		return ""
+	}))
+
+	got := &kmmv1beta1.Module{}
+	if err := k8s.Get(ctx, client.ObjectKeyFromObject(m), got); err != nil {
+		t.Fatal(err)
+	}
+	got.Spec.ModuleLoader.ServiceAccountName, got.Spec.ImageRepoSecret, got.Spec.Tolerations = "", nil, nil
+	if err := k8s.Update(ctx, got); err != nil {
+		t.Fatal(err)
+	}
+	removed := entries(func(e *kmmv1beta1.NodeModuleSpec) string {
+		if e.ServiceAccountName != "" || e.ImageRepoSecret != nil || len(e.Tolerations) != 0 {
+			return "fields removed from the Module are still in the entry"
+		}
+		return ""
+	})
+	testbed.Eventually(t, 20*time.Second, removed)
+	time.Sleep(3 * time.Second) // anything kmm would write again, it has written by now
+	if ok, why := removed(); !ok {
+		t.Fatalf("a removed field came back: %s", why)
+	}
+}
+
+// managersOf lists an NMC's managedFields entries as manager (operation, subresource).
+func managersOf(nmc *kmmv1beta1.NodeModulesConfig) string {
+	var out []string
+	for _, mf := range nmc.ManagedFields {
+		out = append(out, fmt.Sprintf("%s(%s%s): %s", mf.Manager, mf.Operation, mf.Subresource, mf.FieldsV1.GetRawString()))
+	}
+	return fmt.Sprint(out)
+}
+
+// TestTakeoverRemovesOrphanedEntry: upstream KMM left a spec entry and a record of a Module that no
+// longer exists (deleted while upstream was stopped, its finalizer removed by hand). No Module
+// reconcile would ever rewrite that entry, so the record waited for kmm's entry forever and the
+// module stayed in the kernel (before the fix). Past the grace, the Module→NMC controller removes
+// the entry, with an Event on the NMC, and the NMC controller unloads the module with one unload
+// pod.
+func TestTakeoverRemovesOrphanedEntry(t *testing.T) {
+	ctx := context.Background()
+	tb := cluster.NewBed(t, 1, testbed.KernelA)
+	n := tb.Nodes[0]
+	gone := tb.Module("gone")
+	w := watchTakeover(t, tb, "gone")
+	leaveAsUpstream(t, tb, upstreamNode{name: n, entry: decidedEntry(t, tb, gone, n, testbed.KernelA), bootID: node.BootID(n), loaded: true})
+	start := time.Now()
+	cluster.StartOperatorWith(t, func(o *app.Options) { o.OrphanGrace = 2 * time.Second })
+
+	testbed.Eventually(t, 40*time.Second, func() (bool, string) {
+		nmc := &kmmv1beta1.NodeModulesConfig{}
+		if err := k8s.Get(ctx, client.ObjectKey{Name: n}, nmc); err != nil && !apierrors.IsNotFound(err) {
+			return false, err.Error()
+		}
+		if e := nmc.SpecEntry(tb.NS, "gone"); e != nil {
+			return false, "the orphaned spec entry is still there" + dumpNMC(n)
+		}
+		if _, ok := node.Loaded(n)[tb.NS+"/gone"]; ok {
+			return false, "gone is still in the kernel of " + n + dumpNMC(n)
+		}
+		if st := nmc.StatusEntry(tb.NS, "gone"); st != nil {
+			return false, "status entry left: " + testbed.Describe(st)
+		}
+		return true, ""
+	})
+	t.Logf("orphaned entry removed and unloaded %v after the operator started", time.Since(start).Round(10*time.Millisecond))
+	if elapsed := time.Since(start); elapsed < 2*time.Second {
+		t.Errorf("removed after %v, before the grace", elapsed)
+	}
+	cluster.AssertEvents(t, metav1.NamespaceDefault, controllers.ReasonOrphanedEntryRemoved)
+	created, _ := w.snapshot()
+	if want := map[string]int{n + " unload": 1}; fmt.Sprint(created) != fmt.Sprint(want) {
+		t.Errorf("worker pods %v, want %v", created, want)
+	}
 }

@@ -128,9 +128,22 @@ func (c *Cluster) StartOperator(t *testing.T) *Operator {
 	return c.StartOperatorWith(t, nil)
 }
 
-// StartOperatorWith is StartOperator with the operator's rest config changed by configure first
-// (nil: unchanged), for tests that reach the API server as someone else for some requests.
-func (c *Cluster) StartOperatorWith(t *testing.T, configure func(*rest.Config)) *Operator {
+// StartOperatorWith is StartOperator with options changed by set (nil: none) first.
+func (c *Cluster) StartOperatorWith(t *testing.T, set func(*app.Options)) *Operator {
+	t.Helper()
+	return c.startOperator(t, set, nil)
+}
+
+// StartOperatorAs is StartOperator with the operator's rest config changed by configure first,
+// for tests that reach the API server as someone else for some requests.
+func (c *Cluster) StartOperatorAs(t *testing.T, configure func(*rest.Config)) *Operator {
+	t.Helper()
+	return c.startOperator(t, nil, configure)
+}
+
+// startOperator starts the operator with its options changed by set and its rest config by
+// configure (either nil: unchanged).
+func (c *Cluster) startOperator(t *testing.T, set func(*app.Options), configure func(*rest.Config)) *Operator {
 	t.Helper()
 	cfg := rest.CopyConfig(c.Env.Config)
 	if configure != nil {
@@ -140,6 +153,9 @@ func (c *Cluster) StartOperatorWith(t *testing.T, configure func(*rest.Config)) 
 	opts.MetricsAddr, opts.ProbeAddr, opts.AllowRestartInProcess = "0", "0", true
 	opts.WebhookHost, opts.WebhookPort, opts.WebhookCertDir = c.Env.WebhookHost, c.Env.WebhookPort, c.Env.WebhookCertDir
 	opts.BackOff = BackOff
+	if set != nil {
+		set(&opts)
+	}
 	mgr, err := app.New(cfg, opts)
 	if err != nil {
 		t.Fatal(err)

@@ -117,6 +117,12 @@ type Options struct {
 	DisableControllers bool
 	// BackOff is the retry policy after worker failures.
 	BackOff fsm.BackOff
+	// HandoverTimeout bounds the handover of upstream KMM's device plugin (docs/migration.md):
+	// past it the Module is Degraded with reason DevicePluginHandoverStuck.
+	HandoverTimeout time.Duration
+	// OrphanGrace is how long an NMC spec entry of a Module that does not exist stays before the
+	// Module→NMC controller removes it (the module is then unloaded).
+	OrphanGrace time.Duration
 	// AllowRestartInProcess lets a process run a second manager after the first stopped (tests of
 	// operator restarts): controller names are otherwise unique per process.
 	AllowRestartInProcess bool
@@ -141,6 +147,8 @@ func DefaultOptions() Options {
 		PreflightConcurrency:  preflight.DefaultConcurrency,
 		PreflightCheckTimeout: preflight.DefaultCheckTimeout,
 		BackOff:               fsm.DefaultBackOff,
+		HandoverTimeout:       fsm.DefaultHandoverTimeout,
+		OrphanGrace:           fsm.DefaultOrphanGrace,
 		// kmm's default suits image-based OSes where /lib is read-only; upstream KMM's is
 		// --firmware-host-path=/lib/firmware --set-firmware-class-path=false.
 		FirmwareHostPath:     controllers.FirmwareHostPath,
@@ -186,6 +194,8 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.PreflightCheckTimeout, "preflight-check-timeout", o.PreflightCheckTimeout, "Longest time one PreflightValidation image check may take; a registry slower than that is RegistryUnreachable.")
 	fs.DurationVar(&o.BackOff.Base, "worker-backoff", o.BackOff.Base, "Wait after a first worker failure; it doubles with each further failure.")
 	fs.DurationVar(&o.BackOff.Max, "worker-backoff-max", o.BackOff.Max, "Longest wait between worker retries.")
+	fs.DurationVar(&o.HandoverTimeout, "device-plugin-handover-timeout", o.HandoverTimeout, "How long upstream KMM's device plugin may wait for kmm's to be Ready on its nodes before the Module is Degraded (DevicePluginHandoverStuck); upstream's stays meanwhile.")
+	fs.DurationVar(&o.OrphanGrace, "orphaned-entry-grace", o.OrphanGrace, "How long an NMC spec entry of a Module that does not exist (left by upstream KMM) is kept before it is removed and the module unloaded.")
 }
 
 // bindRegistryFlags registers the flags of the worker pods' registry configuration.
@@ -596,7 +606,8 @@ func stripNode(obj any) (any, error) {
 // setupControllers registers the Module→NMC, NMC, version label, rollout and PreflightValidation
 // controllers.
 func setupControllers(mgr ctrl.Manager, o Options) error {
-	module := &controllers.ModuleReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder("kmm-module")}
+	module := &controllers.ModuleReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder("kmm-module"),
+		HandoverTimeout: o.HandoverTimeout, OrphanGrace: o.OrphanGrace}
 	if err := module.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the Module controller: %w", err)
 	}
