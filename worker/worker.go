@@ -75,6 +75,19 @@ func New(opts Options) (*Worker, error) {
 	case opts.Host == nil:
 		return nil, errors.New("a host is required")
 	}
+	// modprobe gets paths below the cache as -d and -C, and prints the module files it would load
+	// from them; the path check compares those with the module directory, so both must be absolute
+	// whatever directory the worker runs in.
+	for _, p := range []*string{&opts.CacheDir, &opts.TempDir} {
+		if *p == "" {
+			continue
+		}
+		abs, err := filepath.Abs(*p)
+		if err != nil {
+			return nil, fmt.Errorf("making %q absolute: %w", *p, err)
+		}
+		*p = abs
+	}
 	if opts.Keychain == nil {
 		opts.Keychain = staticKeychain{}
 	}
