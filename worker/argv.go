@@ -3,6 +3,7 @@ package worker
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
@@ -14,6 +15,9 @@ type ArgvOptions struct {
 	// Root is the absolute directory passed to modprobe -d: the extracted image's dirName, which
 	// holds lib/modules/<kernel>.
 	Root string
+	// ImageRoot is the extraction root, the image's "/": a rawArgs module file named by its path in
+	// the image is found below it. "" means the parent directories of Root that dirName names.
+	ImageRoot string
 	// SoftdepFile is a modprobe.d-style file passed with -C, or "" for none.
 	SoftdepFile string
 	// DryRun adds -n (print, do not act) and -S <kernel> (use the config's kernel, not uname -r).
@@ -29,13 +33,19 @@ func dryRunPrefix(kernel string, dryRun bool) []string {
 }
 
 // LoadArgs returns modprobe's arguments (without the program name) to load the module:
-// `-v -d <root> [-C <softdep>] [args.load...] <moduleName> [parameters...]`, or rawArgs.load as they
-// are when set, which replace everything after "modprobe" as upstream does.
+// `-v -d <root> [-C <softdep>] [args.load...] <moduleName> [parameters...]`, or, when rawArgs.load
+// is set, `-v <its options> -d <root> -- <its modules and parameters>` after the checks of
+// sanitizeRawArgs (an argv they refuse is an InvalidConfig error).
 func LoadArgs(mc kmmv1beta1.ModuleConfig, o ArgvOptions) ([]string, error) {
 	args := dryRunPrefix(mc.KernelVersion, o.DryRun)
 	mp := mc.Modprobe
 	if mp.RawArgs != nil && len(mp.RawArgs.Load) > 0 {
-		return append(args, mp.RawArgs.Load...), nil
+		raw, err := sanitizeRawArgs(mp.RawArgs.Load, rawContext(mc, o))
+		if err != nil {
+			return nil, &Error{Reason: contract.ReasonInvalidConfig, Err: err}
+		}
+		// -v first, as in a moduleName load, so that ShowDependsArgs finds it.
+		return append(append(args, "-v"), raw...), nil
 	}
 	if mp.ModuleName == "" {
 		return nil, errors.New("neither modprobe.moduleName nor modprobe.rawArgs.load is set: nothing to load")
@@ -52,12 +62,17 @@ func LoadArgs(mc kmmv1beta1.ModuleConfig, o ArgvOptions) ([]string, error) {
 }
 
 // UnloadArgs returns modprobe's arguments to unload the module: `-r -v -d <root> [args.unload...]`
-// followed by the modulesLoadingOrder entries in order (or moduleName), or rawArgs.unload as they are.
+// followed by the modulesLoadingOrder entries in order (or moduleName), or rawArgs.unload checked
+// and rewritten as in LoadArgs.
 func UnloadArgs(mc kmmv1beta1.ModuleConfig, o ArgvOptions) ([]string, error) {
 	args := dryRunPrefix(mc.KernelVersion, o.DryRun)
 	mp := mc.Modprobe
 	if mp.RawArgs != nil && len(mp.RawArgs.Unload) > 0 {
-		return append(args, mp.RawArgs.Unload...), nil
+		raw, err := sanitizeRawArgs(mp.RawArgs.Unload, rawContext(mc, o))
+		if err != nil {
+			return nil, &Error{Reason: contract.ReasonInvalidConfig, Err: err}
+		}
+		return append(args, raw...), nil
 	}
 	if mp.ModuleName == "" {
 		return nil, errors.New("neither modprobe.moduleName nor modprobe.rawArgs.unload is set: nothing to unload")
@@ -72,7 +87,22 @@ func UnloadArgs(mc kmmv1beta1.ModuleConfig, o ArgvOptions) ([]string, error) {
 	return append(args, mp.ModuleName), nil
 }
 
-// ShowDependsArgs turns the arguments of a load built by LoadArgs (not rawArgs) into those that
+// rawContext is what sanitizeRawArgs checks the rawArgs of mc against.
+func rawContext(mc kmmv1beta1.ModuleConfig, o ArgvOptions) rawArgsContext {
+	dirName := modulesRoot(mc)
+	root := o.ImageRoot
+	if root == "" {
+		root = o.Root
+		for range strings.Split(dirName, "/") {
+			if dirName != "." {
+				root = filepath.Dir(root)
+			}
+		}
+	}
+	return rawArgsContext{dirName: "/" + dirName, kernel: mc.KernelVersion, root: root, moduleRoot: o.Root}
+}
+
+// ShowDependsArgs turns the arguments of a load built by LoadArgs (rawArgs included) into those that
 // print what the load would insmod, without loading: "-v" becomes "--show-depends", so that the
 // root, softdep file, args and module are the same.
 func ShowDependsArgs(loadArgs []string) []string {

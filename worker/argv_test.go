@@ -26,9 +26,9 @@ func TestLoadArgs(t *testing.T) {
 		{"softdep", kmmv1beta1.ModprobeSpec{ModuleName: "m", ModulesLoadingOrder: []string{"m", "n"}}, ArgvOptions{Root: "/r", SoftdepFile: "/t/softdep.conf"},
 			"-v -d /r -C /t/softdep.conf m"},
 		{"dry run", kmmv1beta1.ModprobeSpec{ModuleName: "m", Parameters: []string{"p=1"}}, ArgvOptions{Root: "/r", DryRun: true}, "-n -S 6.1.0-k -v -d /r m p=1"},
-		{"raw args replace everything", kmmv1beta1.ModprobeSpec{ModuleName: "m", Parameters: []string{"p=1"}, Args: &kmmv1beta1.ModprobeArgs{Load: []string{"-q"}},
-			RawArgs: &kmmv1beta1.ModprobeArgs{Load: []string{"-vd", "/x", "raw"}}}, ArgvOptions{Root: "/r"}, "-vd /x raw"},
-		{"raw args in dry run", kmmv1beta1.ModprobeSpec{RawArgs: &kmmv1beta1.ModprobeArgs{Load: []string{"raw"}}}, ArgvOptions{Root: "/r", DryRun: true}, "-n -S 6.1.0-k raw"},
+		{"raw args replace the fields, with the image's -d", kmmv1beta1.ModprobeSpec{ModuleName: "m", Parameters: []string{"p=1"}, Args: &kmmv1beta1.ModprobeArgs{Load: []string{"-q"}},
+			RawArgs: &kmmv1beta1.ModprobeArgs{Load: []string{"-vd", "/opt", "raw", "x=1"}}}, ArgvOptions{Root: "/c/opt"}, "-v --verbose -d /c/opt -- raw x=1"},
+		{"raw args in dry run", kmmv1beta1.ModprobeSpec{RawArgs: &kmmv1beta1.ModprobeArgs{Load: []string{"raw"}}}, ArgvOptions{Root: "/r", DryRun: true}, "-n -S 6.1.0-k -v -d /r -- raw"},
 		{"raw unload only: load uses the fields", kmmv1beta1.ModprobeSpec{ModuleName: "m", RawArgs: &kmmv1beta1.ModprobeArgs{Unload: []string{"-r", "x"}}}, ArgvOptions{Root: "/r"}, "-v -d /r m"},
 	}
 	for _, tc := range cases {
@@ -55,7 +55,7 @@ func TestUnloadArgs(t *testing.T) {
 		{"args", kmmv1beta1.ModprobeSpec{ModuleName: "m", Args: &kmmv1beta1.ModprobeArgs{Unload: []string{"-w", "1000"}}}, ArgvOptions{Root: "/r"}, "-r -v -d /r -w 1000 m"},
 		{"loading order removes all, in order", kmmv1beta1.ModprobeSpec{ModuleName: "a", ModulesLoadingOrder: []string{"a", "b", "c"}}, ArgvOptions{Root: "/r"}, "-r -v -d /r a b c"},
 		{"dry run", kmmv1beta1.ModprobeSpec{ModuleName: "m"}, ArgvOptions{Root: "/r", DryRun: true}, "-n -S 6.1.0-k -r -v -d /r m"},
-		{"raw", kmmv1beta1.ModprobeSpec{ModuleName: "m", RawArgs: &kmmv1beta1.ModprobeArgs{Unload: []string{"-rv", "m"}}}, ArgvOptions{Root: "/r"}, "-rv m"},
+		{"raw", kmmv1beta1.ModprobeSpec{ModuleName: "m", RawArgs: &kmmv1beta1.ModprobeArgs{Unload: []string{"-rv", "m"}}}, ArgvOptions{Root: "/r"}, "--remove --verbose -d /r -- m"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -42,6 +42,8 @@ type extractor struct {
 	compressed, uncompressed int64
 	// examined and acted count the archive entries read and those acted on.
 	examined, acted int
+	// rootSteps counts the path components handed to root (see extractWork).
+	rootSteps int
 	// extracted records each written path and the layer that wrote it, for whiteouts and hard links.
 	extracted pathIndex
 	// kernels are the kernel directories seen under <dirName>/lib/modules, for error messages.
@@ -51,19 +53,38 @@ type extractor struct {
 
 // extractImage extracts the wanted subtrees of img into the directory dir.
 func extractImage(ctx context.Context, img v1.Image, dir string, spec extractSpec) error {
+	_, err := extractCounted(ctx, img, dir, spec)
+	return err
+}
+
+// extractWork counts the work of one extraction, for the tests that check it grows linearly
+// with the image: archive entries examined, path components handed to the extraction root (each
+// costs a system call or two: os.Root resolves a path one component at a time) and nodes of the
+// path index visited.
+type extractWork struct {
+	examined, rootSteps, indexVisits int
+}
+
+// extractCounted is extractImage, also returning the work it did.
+func extractCounted(ctx context.Context, img v1.Image, dir string, spec extractSpec) (extractWork, error) {
 	layers, err := img.Layers()
 	if err != nil {
-		return &Error{Reason: contract.ReasonImagePull, Err: fmt.Errorf("reading the image's layers: %w", err)}
+		return extractWork{}, &Error{Reason: contract.ReasonImagePull, Err: fmt.Errorf("reading the image's layers: %w", err)}
 	}
 	if len(layers) > spec.Limits.MaxLayers {
-		return overLimit("maxLayers", int64(spec.Limits.MaxLayers), "the image has %d layers", len(layers))
+		return extractWork{}, overLimit("maxLayers", int64(spec.Limits.MaxLayers), "the image has %d layers", len(layers))
 	}
 	root, err := os.OpenRoot(dir)
 	if err != nil {
-		return err
+		return extractWork{}, err
 	}
 	defer root.Close() //nolint:errcheck // files are closed one by one
 	x := &extractor{root: root, spec: spec, kernels: map[string]bool{}, buf: make([]byte, 1<<20)}
+	err = x.extract(ctx, layers)
+	return extractWork{examined: x.examined, rootSteps: x.rootSteps, indexVisits: x.extracted.visits}, err
+}
+
+func (x *extractor) extract(ctx context.Context, layers []v1.Layer) error {
 	for i, l := range layers {
 		x.layer = i
 		if err := x.applyLayer(ctx, l); err != nil {
@@ -74,6 +95,12 @@ func extractImage(ctx context.Context, img v1.Image, dir string, spec extractSpe
 		return err
 	}
 	return x.checkRequired()
+}
+
+// at returns p for an operation of the extraction root, counting its components.
+func (x *extractor) at(p string) string {
+	x.rootSteps += strings.Count(p, "/") + 1
+	return p
 }
 
 // layerStream is the compressed stream of one layer as downloaded (go-containerregistry checks
@@ -233,6 +260,9 @@ func (x *extractor) apply(r io.Reader, hdr *tar.Header) error {
 	if x.acted++; x.acted > x.spec.Limits.MaxExtractEntries {
 		return overLimit("maxExtractEntries", int64(x.spec.Limits.MaxExtractEntries), "the layers have more than %d entries in the extracted directories", x.spec.Limits.MaxExtractEntries)
 	}
+	if err := x.checkPaths(hdr.Name, plan); err != nil {
+		return err
+	}
 	switch plan.Action {
 	case mkdirEntry:
 		err = x.mkdir(plan.Path)
@@ -254,6 +284,30 @@ func (x *extractor) apply(r io.Reader, hdr *tar.Header) error {
 	return nil
 }
 
+// checkPaths refuses an entry whose path or link target is longer or deeper than the limits.
+func (x *extractor) checkPaths(name string, plan entryPlan) error {
+	l := x.spec.Limits
+	for _, c := range [...]struct{ what, p string }{{"path", plan.Path}, {"link target", plan.Target}} {
+		what, p := c.what, c.p
+		if len(p) > l.MaxPathBytes {
+			return overLimit("maxPathBytes", int64(l.MaxPathBytes), "archive entry %q has a %s of %d bytes", shortName(name), what, len(p))
+		}
+		if depth := strings.Count(p, "/") + 1; depth > l.MaxPathDepth {
+			return overLimit("maxPathDepth", int64(l.MaxPathDepth), "archive entry %q has a %s %d components deep", shortName(name), what, depth)
+		}
+	}
+	return nil
+}
+
+// shortName is the start of a long archive path, for messages.
+func shortName(name string) string {
+	const keep = 120
+	if len(name) <= keep {
+		return name
+	}
+	return name[:keep] + "…"
+}
+
 // noteKernel records the kernel directory an entry name is in, if any.
 func (x *extractor) noteKernel(name string) {
 	modules := path.Dir(x.spec.KernelDir) + "/"
@@ -265,7 +319,7 @@ func (x *extractor) noteKernel(name string) {
 
 // clear removes what is at p unless it is a directory and keepDir is set.
 func (x *extractor) clear(p string, keepDir bool) error {
-	st, err := x.root.Lstat(p)
+	st, err := x.root.Lstat(x.at(p))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
@@ -276,30 +330,30 @@ func (x *extractor) clear(p string, keepDir bool) error {
 		if keepDir {
 			return nil
 		}
-		return x.root.RemoveAll(p)
+		return x.root.RemoveAll(x.at(p))
 	}
-	return x.root.Remove(p)
+	return x.root.Remove(x.at(p))
 }
 
 func (x *extractor) mkdir(p string) error {
 	if err := x.clear(p, true); err != nil {
 		return err
 	}
-	return x.root.MkdirAll(p, 0o755)
+	return x.root.MkdirAll(x.at(p), 0o755)
 }
 
 func (x *extractor) writeFile(r io.Reader, hdr *tar.Header, p string) error {
 	if hdr.Size > x.spec.MaxBytes-x.written {
 		return fmt.Errorf("%d bytes would exceed the extraction size cap of %d bytes (worker limit maxExtractBytes; %d already written)", hdr.Size, x.spec.MaxBytes, x.written)
 	}
-	if err := x.root.MkdirAll(path.Dir(p), 0o755); err != nil {
+	if err := x.root.MkdirAll(x.at(path.Dir(p)), 0o755); err != nil {
 		return err
 	}
 	if err := x.clear(p, false); err != nil {
 		return err
 	}
 	perm := fs.FileMode(hdr.Mode)&0o755 | 0o644 // #nosec G115 -- only the permission bits are kept
-	f, err := x.root.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
+	f, err := x.root.OpenFile(x.at(p), os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
 	if err != nil {
 		return err
 	}
@@ -312,26 +366,26 @@ func (x *extractor) writeFile(r io.Reader, hdr *tar.Header, p string) error {
 }
 
 func (x *extractor) symlink(plan entryPlan) error {
-	if err := x.root.MkdirAll(path.Dir(plan.Path), 0o755); err != nil {
+	if err := x.root.MkdirAll(x.at(path.Dir(plan.Path)), 0o755); err != nil {
 		return err
 	}
 	if err := x.clear(plan.Path, false); err != nil {
 		return err
 	}
-	return x.root.Symlink(plan.Target, plan.Path)
+	return x.root.Symlink(plan.Target, x.at(plan.Path))
 }
 
 func (x *extractor) hardlink(plan entryPlan) error {
 	if e, ok := x.extracted.get(plan.Target); !ok || e.kind != fileEntry {
 		return fmt.Errorf("hard link to %q, which is not a regular file extracted before it", plan.Target)
 	}
-	if err := x.root.MkdirAll(path.Dir(plan.Path), 0o755); err != nil {
+	if err := x.root.MkdirAll(x.at(path.Dir(plan.Path)), 0o755); err != nil {
 		return err
 	}
 	if err := x.clear(plan.Path, false); err != nil {
 		return err
 	}
-	return x.root.Link(plan.Target, plan.Path)
+	return x.root.Link(x.at(plan.Target), x.at(plan.Path))
 }
 
 // whiteout removes what lower layers extracted at (whiteout) or below (opaque) plan.Path. Files of
@@ -350,7 +404,7 @@ func (x *extractor) checkSymlinks() error {
 		if e.kind != symlinkEntry {
 			return nil
 		}
-		if _, err := x.root.Stat(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if _, err := x.root.Stat(x.at(p)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return &Error{Reason: contract.ReasonOther, Err: &unsafeEntryError{Name: p, Why: fmt.Sprintf("symlink does not resolve inside the extraction root: %v", err)}}
 		}
 		return nil

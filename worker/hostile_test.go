@@ -71,6 +71,13 @@ func TestHostileOrBrokenImages(t *testing.T) {
 			return mutate.Annotations(image(t, kmodEntries(t, "opt")), map[string]string{"padding": strings.Repeat("p", 64<<10)}).(v1.Image)
 		}, limits: Limits{MaxManifestBytes: 32 << 10},
 			reason: contract.ReasonOther, want: []string{"the manifest is", "maxManifestBytes of 32768"}},
+		{name: "path too deep", extra: []entry{file(kd+"/"+strings.Repeat("d/", 70)+"x.ko", "x")},
+			reason: contract.ReasonOther, want: []string{"archive entry", "has a path 75 components deep", "over the worker limit maxPathDepth of 64"}},
+		{name: "path too long", extra: []entry{file(kd+"/"+strings.Repeat("n", 5000), "x")},
+			reason: contract.ReasonOther, want: []string{"has a path of 5030 bytes", "over the worker limit maxPathBytes of 4096"}},
+		{name: "symlink target too long", extra: []entry{{Name: kd + "/l", Type: tar.TypeSymlink, Linkname: strings.Repeat("a/", 39) + "a"}},
+			limits: Limits{MaxPathDepth: 32},
+			reason: contract.ReasonOther, want: []string{kd + "/l", "has a link target 40 components deep", "maxPathDepth of 32"}},
 		{name: "missing kernel directory", kernel: "6.9.9-absent",
 			reason: contract.ReasonNotFound, want: []string{"no directory /opt/lib/modules/6.9.9-absent", "kernel directories in the image: " + testKernel}},
 		{name: "missing firmware directory", firmware: "/firmware",

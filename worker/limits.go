@@ -31,6 +31,13 @@ const (
 	DefaultMaxExtractEntries = 10_000
 	// DefaultMaxManifestBytes caps an image manifest, an index and an image config.
 	DefaultMaxManifestBytes int64 = 4 << 20
+	// DefaultMaxPathDepth caps the path components of an entry acted on (and of a link's target):
+	// the extraction root resolves a path one component at a time, so each entry costs at most
+	// this many steps. A kernel module sits about 12 components deep.
+	DefaultMaxPathDepth = 64
+	// DefaultMaxPathBytes caps the length of an entry's path acted on (and of a link's target):
+	// PATH_MAX, which modprobe and the kernel do not go past either.
+	DefaultMaxPathBytes = 4096
 )
 
 // Limits bound the work one run does on an image; a zero field means its default.
@@ -47,6 +54,10 @@ type Limits struct {
 	MaxExtractEntries int
 	// MaxManifestBytes caps a manifest, an index or a config (DefaultMaxManifestBytes).
 	MaxManifestBytes int64
+	// MaxPathDepth caps the components of a path acted on (DefaultMaxPathDepth).
+	MaxPathDepth int
+	// MaxPathBytes caps the bytes of a path acted on (DefaultMaxPathBytes).
+	MaxPathBytes int
 }
 
 // withDefaults fills the zero fields of l.
@@ -57,6 +68,8 @@ func (l Limits) withDefaults() Limits {
 	orDefault(&l.MaxEntries, DefaultMaxEntries)
 	orDefault(&l.MaxExtractEntries, DefaultMaxExtractEntries)
 	orDefault(&l.MaxManifestBytes, DefaultMaxManifestBytes)
+	orDefault(&l.MaxPathDepth, DefaultMaxPathDepth)
+	orDefault(&l.MaxPathBytes, DefaultMaxPathBytes)
 	return l
 }
 

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"testing"
 )
@@ -87,4 +88,46 @@ func boolInt(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// TestPathIndexFileCounts applies random puts and whiteouts and checks each node's count of the
+// entries below it that are not directories, which whiteouts rely on to skip subtrees.
+func TestPathIndexFileCounts(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 34))
+	names := []string{"a", "b", "c"}
+	randPath := func() string {
+		p := names[rng.IntN(3)]
+		for range rng.IntN(4) {
+			p += "/" + names[rng.IntN(3)]
+		}
+		return p
+	}
+	ix := &pathIndex{}
+	for layer := range 40 {
+		for range 30 {
+			switch p := randPath(); rng.IntN(4) {
+			case 0:
+				ix.put(p, extracted{layer: layer, kind: mkdirEntry})
+			case 1, 2:
+				ix.put(p, extracted{layer: layer, kind: fileEntry})
+			default:
+				if err := ix.wipe(p, rng.IntN(2) == 0, layer, func(string) error { return nil }); err != nil {
+					t.Fatal(err)
+				}
+			}
+			checkCounts(t, &ix.root, ".")
+		}
+	}
+}
+
+func checkCounts(t *testing.T, n *pathNode, p string) int {
+	t.Helper()
+	want := n.fileCount()
+	for name, c := range n.children {
+		want += checkCounts(t, c, p+"/"+name)
+	}
+	if n.files != want {
+		t.Fatalf("%s: files = %d, want %d", p, n.files, want)
+	}
+	return want
 }

@@ -75,6 +75,19 @@ func New(opts Options) (*Worker, error) {
 	case opts.Host == nil:
 		return nil, errors.New("a host is required")
 	}
+	// modprobe gets paths below the cache as -d and -C, and prints the module files it would load
+	// from them; the path check compares those with the module directory, so both must be absolute
+	// whatever directory the worker runs in.
+	for _, p := range []*string{&opts.CacheDir, &opts.TempDir} {
+		if *p == "" {
+			continue
+		}
+		abs, err := filepath.Abs(*p)
+		if err != nil {
+			return nil, fmt.Errorf("making %q absolute: %w", *p, err)
+		}
+		*p = abs
+	}
 	if opts.Keychain == nil {
 		opts.Keychain = staticKeychain{}
 	}
@@ -364,7 +377,7 @@ func (w *Worker) load(ctx context.Context, log logr.Logger, cfg contract.Config,
 		return classified(contract.ReasonOther, err)
 	}
 	defer cleanup()
-	args, err := LoadArgs(mc, ArgvOptions{Root: filepath.Join(root, modulesRoot(mc)), SoftdepFile: softdep, DryRun: w.opts.DryRun})
+	args, err := LoadArgs(mc, ArgvOptions{Root: filepath.Join(root, modulesRoot(mc)), ImageRoot: root, SoftdepFile: softdep, DryRun: w.opts.DryRun})
 	if err != nil {
 		return classified(contract.ReasonOther, err)
 	}
@@ -385,7 +398,7 @@ func (w *Worker) load(ctx context.Context, log logr.Logger, cfg contract.Config,
 
 func (w *Worker) unload(ctx context.Context, log logr.Logger, cfg contract.Config, root string) error {
 	mc := cfg.Config
-	args, err := UnloadArgs(mc, ArgvOptions{Root: filepath.Join(root, modulesRoot(mc)), DryRun: w.opts.DryRun})
+	args, err := UnloadArgs(mc, ArgvOptions{Root: filepath.Join(root, modulesRoot(mc)), ImageRoot: root, DryRun: w.opts.DryRun})
 	if err != nil {
 		return classified(contract.ReasonOther, err)
 	}
@@ -405,8 +418,8 @@ func (w *Worker) unload(ctx context.Context, log logr.Logger, cfg contract.Confi
 
 // checkDepends runs modprobe --show-depends with the load's arguments and refuses the load when a
 // module file it would insmod does not resolve (symlinks included) inside the image's module
-// directory: a crafted modules.dep.bin can name any file of the node. A rawArgs load is not
-// checked: its arguments are the Module author's, as they are.
+// directory: a crafted modules.dep.bin can name any file of the node. A rawArgs load is checked
+// the same way, after LoadArgs checked and rewrote its argv.
 func (w *Worker) checkDepends(ctx context.Context, log logr.Logger, loadArgs []string, moduleDir string) error {
 	args := ShowDependsArgs(loadArgs)
 	if args == nil {

@@ -354,3 +354,30 @@ func TestFirmwareInstallFailureIsReported(t *testing.T) {
 		t.Errorf("got %s %q after modprobe calls %q", res.Reason, res.Message, m.loads())
 	}
 }
+
+// TestRelativeCacheDirLoadsAModuleWithADependency: a relative --cache-dir reached modprobe as a
+// relative -d, whose insmod lines the path check then resolved against the wrong directory and
+// refused every module with a dependency ("resolves to … outside the module directory").
+func TestRelativeCacheDirLoadsAModuleWithADependency(t *testing.T) {
+	reg := newTestRegistry(t, registryOpts{})
+	ref, digest := reg.push(t, "kmod/test:v1", image(t, kmodEntries(t, "opt")))
+	s := newSandbox(t)
+	t.Chdir(filepath.Dir(s.cache))
+	m := newRecorder(t)
+	cfg := testConfig(ref)
+	w := newTestWorker(t, s, m, func(o *Options) { o.CacheDir, o.TempDir = filepath.Base(s.cache), filepath.Base(s.tmp) })
+	cfg.Config.Modprobe.ModulesLoadingOrder = []string{"kmm_test_a", "kmm_test_c"}
+	mustSucceed(t, w.Run(context.Background(), contract.ActionLoad, cfg))
+	root := entryRoot(s, digest, cfg)
+	for _, c := range m.calls {
+		if i := slices.Index(c, "-d"); i < 0 || c[i+1] != filepath.Join(root, "opt") {
+			t.Errorf("modprobe %q: want -d %s (absolute)", c, filepath.Join(root, "opt"))
+		}
+		if i := slices.Index(c, "-C"); i >= 0 && !filepath.IsAbs(c[i+1]) {
+			t.Errorf("modprobe %q: the softdep file is not absolute", c)
+		}
+	}
+	if out := m.stdout.String(); !strings.Contains(out, "insmod "+filepath.Join(root, "opt/lib/modules", testKernel, "extra/kmm_test_b.ko")) {
+		t.Errorf("modprobe -n should insmod the dependency kmm_test_b from the cache:\n%s", out)
+	}
+}

@@ -225,6 +225,7 @@ func validateModprobe(p *field.Path, mp *kmmv1beta1.ModprobeSpec) field.ErrorLis
 		errs = append(errs, field.Required(p.Child("rawArgs"),
 			"rawArgs needs both load and unload: without unload arguments the module could never be unloaded"))
 	}
+	errs = append(errs, validateRawArgs(p.Child("rawArgs"), mp)...)
 	order := mp.ModulesLoadingOrder
 	if len(order) > 0 && order[0] != mp.ModuleName {
 		errs = append(errs, field.Invalid(p.Child("modulesLoadingOrder").Index(0), order[0], "the first entry of modulesLoadingOrder must equal moduleName"))
@@ -235,6 +236,24 @@ func validateModprobe(p *field.Path, mp *kmmv1beta1.ModprobeSpec) field.ErrorLis
 			errs = append(errs, field.Duplicate(p.Child("modulesLoadingOrder").Index(i), mod))
 		}
 		seen[mod] = true
+	}
+	return errs
+}
+
+// validateRawArgs refuses the rawArgs the worker would refuse whatever the kernel (RawArgs).
+func validateRawArgs(p *field.Path, mp *kmmv1beta1.ModprobeSpec) field.ErrorList {
+	raw := mp.RawArgs
+	if raw == nil {
+		return nil
+	}
+	var errs field.ErrorList
+	for i, argv := range [][]string{raw.Load, raw.Unload} {
+		if len(argv) == 0 {
+			continue
+		}
+		if _, err := RawArgs(argv, mp.DirName, ""); err != nil {
+			errs = append(errs, field.Invalid(p.Child([...]string{"load", "unload"}[i]), argv, rawArgsMessage(err)))
+		}
 	}
 	return errs
 }

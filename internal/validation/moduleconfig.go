@@ -31,6 +31,16 @@ func ModuleConfig(c *kmmv1beta1.ModuleConfig) error {
 	if mp.FirmwarePath != "" && path.Clean("/"+mp.FirmwarePath) == "/" {
 		problems = append(problems, "config.modprobe.firmwarePath must be a directory below the image root, not /")
 	}
+	if raw := mp.RawArgs; raw != nil {
+		for i, argv := range [][]string{raw.Load, raw.Unload} {
+			if len(argv) == 0 {
+				continue
+			}
+			if _, err := RawArgs(argv, mp.DirName, c.KernelVersion); err != nil {
+				problems = append(problems, fmt.Sprintf("config.modprobe.rawArgs.%s: %s", [...]string{"load", "unload"}[i], rawArgsMessage(err)))
+			}
+		}
+	}
 	if o := mp.ModulesLoadingOrder; len(o) > 0 && o[0] != mp.ModuleName {
 		problems = append(problems, "the first entry of config.modprobe.modulesLoadingOrder must equal moduleName")
 	}
