@@ -612,15 +612,17 @@ func setupControllers(mgr ctrl.Manager, o Options) error {
 		return fmt.Errorf("setting up the Module controller: %w", err)
 	}
 	nmc := &controllers.NMCReconciler{
-		Client:                  mgr.GetClient(),
-		APIReader:               mgr.GetAPIReader(),
-		Recorder:                mgr.GetEventRecorder("kmm-nmc"),
-		Clock:                   clock.RealClock{},
-		WorkerImage:             o.WorkerImage,
-		WorkerDryRunSandbox:     o.WorkerDryRunSandbox,
-		FirmwareHostPath:        o.FirmwareHostPath,
-		LeaveFirmwareClassPath:  !o.SetFirmwareClassPath,
-		WorkerRegistry:          o.WorkerRegistry,
+		Client:    mgr.GetClient(),
+		APIReader: mgr.GetAPIReader(),
+		Recorder:  mgr.GetEventRecorder("kmm-nmc"),
+		Clock:     clock.RealClock{},
+		Worker: controllers.WorkerPodOptions{
+			Image:                  o.WorkerImage,
+			DryRunSandbox:          o.WorkerDryRunSandbox,
+			FirmwareHostPath:       o.FirmwareHostPath,
+			LeaveFirmwareClassPath: !o.SetFirmwareClassPath,
+			Registry:               o.WorkerRegistry,
+		},
 		BackOff:                 o.BackOff,
 		MaxConcurrentReconciles: o.NMCConcurrency,
 	}
