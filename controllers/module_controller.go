@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/go-logr/logr"
 	appsv1 "k8s.io/api/apps/v1"
@@ -352,10 +353,13 @@ func refusalMessage(errs ...error) string {
 	return ""
 }
 
-// head is at most the first n bytes of s.
+// head is at most the first n bytes of s, cut on a character boundary, and "…" when cut.
 func head(s string, n int) string {
 	if len(s) <= n {
 		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
 	}
 	return s[:n] + "…"
 }

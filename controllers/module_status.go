@@ -189,7 +189,8 @@ func computeModuleStatus(s *moduleScope, daemonSets []appsv1.DaemonSet, now meta
 		progress = kmmv1beta1.DaemonSetStatus{DesiredNumber: st.ModuleLoader.NodesMatchingSelectorNumber, AvailableNumber: st.DevicePlugin.AvailableNumber}
 		what = "device plugin available"
 	}
-	st.Conditions = moduleConditions(problem, progress, what, noMapping, failing, gen, now)
+	st.Conditions = moduleConditions(conditionFacts{problem: problem, progress: progress, what: what,
+		noMapping: noMapping, failing: failing, generation: gen, now: now})
 	return st
 }
 
@@ -225,21 +226,37 @@ type moduleProblem struct {
 	handoverStuck string
 }
 
+// conditionFacts is what computeModuleStatus gathers for the Module's conditions.
+type conditionFacts struct {
+	// problem is what is wrong with the Module itself.
+	problem moduleProblem
+	// progress is the counter Ready and Progressing read: the module loader's, or the device
+	// plugin's for a device-plugin-only Module; what names it in the message ("loaded").
+	progress kmmv1beta1.DaemonSetStatus
+	what     string
+	// noMapping are the selected nodes whose kernel no mapping serves; failing the nodes whose
+	// worker is in back-off, with its reason and message.
+	noMapping, failing []string
+	// generation and now stamp every condition (ObservedGeneration, LastTransitionTime).
+	generation int64
+	now        metav1.Time
+}
+
 // moduleConditions derives Ready, Progressing and Degraded (see api/v1beta1/conditions.go) from what
 // is wrong with the Module, its counters and the nodes with no mapping or a failing worker.
-func moduleConditions(problem moduleProblem, loader kmmv1beta1.DaemonSetStatus, what string, noMapping, failing []string, gen int64, now metav1.Time) []metav1.Condition {
-	invalid := problem.invalid
+func moduleConditions(in conditionFacts) []metav1.Condition {
+	invalid := in.problem.invalid
 	cond := func(t string, ok bool, reason, msg string) metav1.Condition {
 		status := metav1.ConditionFalse
 		if ok {
 			status = metav1.ConditionTrue
 		}
-		return metav1.Condition{Type: t, Status: status, Reason: reason, Message: msg, ObservedGeneration: gen, LastTransitionTime: now}
+		return metav1.Condition{Type: t, Status: status, Reason: reason, Message: msg, ObservedGeneration: in.generation, LastTransitionTime: in.now}
 	}
-	allLoaded := loader.AvailableNumber == loader.DesiredNumber && len(failing) == 0
+	allLoaded := in.progress.AvailableNumber == in.progress.DesiredNumber && len(in.failing) == 0
 	ready := cond(kmmv1beta1.ConditionReady, allLoaded && invalid == "", kmmv1beta1.ReasonAllLoaded,
-		fmt.Sprintf("%s on %d of %d nodes", what, loader.AvailableNumber, loader.DesiredNumber))
-	progressing := cond(kmmv1beta1.ConditionProgressing, !allLoaded && len(failing) == 0 && invalid == "", kmmv1beta1.ReasonInProgress, ready.Message)
+		fmt.Sprintf("%s on %d of %d nodes", in.what, in.progress.AvailableNumber, in.progress.DesiredNumber))
+	progressing := cond(kmmv1beta1.ConditionProgressing, !allLoaded && len(in.failing) == 0 && invalid == "", kmmv1beta1.ReasonInProgress, ready.Message)
 	if !allLoaded {
 		ready.Reason = kmmv1beta1.ReasonInProgress
 	}
@@ -251,15 +268,15 @@ func moduleConditions(problem moduleProblem, loader kmmv1beta1.DaemonSetStatus, 
 	case invalid != "":
 		degraded = cond(kmmv1beta1.ConditionDegraded, true, kmmv1beta1.ReasonInvalidSpec, invalid)
 		ready.Reason, ready.Message = kmmv1beta1.ReasonInvalidSpec, "the Module is invalid"
-	case problem.refused != "":
-		degraded = cond(kmmv1beta1.ConditionDegraded, true, kmmv1beta1.ReasonObjectRefused, problem.refused)
-	case len(failing) > 0:
-		degraded = cond(kmmv1beta1.ConditionDegraded, true, kmmv1beta1.ReasonWorkerFailing, "worker failing on "+joinSorted(failing))
+	case in.problem.refused != "":
+		degraded = cond(kmmv1beta1.ConditionDegraded, true, kmmv1beta1.ReasonObjectRefused, in.problem.refused)
+	case len(in.failing) > 0:
+		degraded = cond(kmmv1beta1.ConditionDegraded, true, kmmv1beta1.ReasonWorkerFailing, "worker failing on "+joinSorted(in.failing))
 		ready.Reason = kmmv1beta1.ReasonWorkerFailing
-	case problem.handoverStuck != "":
-		degraded = cond(kmmv1beta1.ConditionDegraded, true, kmmv1beta1.ReasonDevicePluginHandoverStuck, problem.handoverStuck)
-	case len(noMapping) > 0:
-		degraded = cond(kmmv1beta1.ConditionDegraded, true, kmmv1beta1.ReasonNoKernelMapping, "no kernel mapping for the kernel of "+joinSorted(noMapping))
+	case in.problem.handoverStuck != "":
+		degraded = cond(kmmv1beta1.ConditionDegraded, true, kmmv1beta1.ReasonDevicePluginHandoverStuck, in.problem.handoverStuck)
+	case len(in.noMapping) > 0:
+		degraded = cond(kmmv1beta1.ConditionDegraded, true, kmmv1beta1.ReasonNoKernelMapping, "no kernel mapping for the kernel of "+joinSorted(in.noMapping))
 	}
 	return []metav1.Condition{ready, progressing, degraded}
 }

@@ -92,7 +92,8 @@ func TestModuleConditions(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := moduleConditions(tt.problem, tt.loader, "loaded", tt.noMapping, tt.failing, 7, now)
+			got := moduleConditions(conditionFacts{problem: tt.problem, progress: tt.loader, what: "loaded",
+				noMapping: tt.noMapping, failing: tt.failing, generation: 7, now: now})
 			r := meta.FindStatusCondition(got, kmmv1beta1.ConditionReady)
 			p := meta.FindStatusCondition(got, kmmv1beta1.ConditionProgressing)
 			d := meta.FindStatusCondition(got, kmmv1beta1.ConditionDegraded)

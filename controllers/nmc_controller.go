@@ -42,20 +42,14 @@ type NMCReconciler struct {
 	Client client.Client
 	// APIReader reads what the cache does not hold: workload pods and PodDisruptionBudgets during
 	// an upgrade drain.
-	APIReader   client.Reader
-	Recorder    events.EventRecorder
-	Clock       clock.PassiveClock
-	WorkerImage string
-	// WorkerDryRunSandbox makes every worker pod a dry run against this host directory
-	// (WorkerPodOptions.DryRunSandbox): for hosts whose kernel cannot load modules.
-	WorkerDryRunSandbox string
-	// FirmwareHostPath and LeaveFirmwareClassPath are the firmware settings of every worker pod
-	// (WorkerPodOptions).
-	FirmwareHostPath       string
-	LeaveFirmwareClassPath bool
-	// WorkerRegistry is the registry configuration of every worker pod (WorkerPodOptions.Registry).
-	WorkerRegistry WorkerRegistryOptions
-	BackOff        fsm.BackOff
+	APIReader client.Reader
+	Recorder  events.EventRecorder
+	Clock     clock.PassiveClock
+	// Worker are the operator's settings of every worker pod: image, dry-run sandbox, firmware,
+	// registry configuration. ServiceAccountPullSecrets is filled in per pod, from the pod's
+	// service account.
+	Worker  WorkerPodOptions
+	BackOff fsm.BackOff
 	// WorkerTimeout is how long a worker pod may run before the pair fails it (0: fsm.DefaultWorkerTimeout).
 	WorkerTimeout time.Duration
 	// MaxConcurrentReconciles may be above 1: each NMC is one node, so reconciles never share state
@@ -543,9 +537,9 @@ func (r *NMCReconciler) createWorker(ctx context.Context, node, key string, in *
 			Reason: fsm.ReasonServiceAccountUnreadable, Message: err.Error()})
 		return fmt.Errorf("the %s worker pod for %s on %s: %w", in.Action, key, node, err)
 	}
-	pod, err := WorkerPod(node, WorkerPodOptions{Image: r.WorkerImage, DryRunSandbox: r.WorkerDryRunSandbox,
-		FirmwareHostPath: r.FirmwareHostPath, LeaveFirmwareClassPath: r.LeaveFirmwareClassPath, Registry: r.WorkerRegistry,
-		ServiceAccountPullSecrets: saSecrets}, in)
+	opts := r.Worker
+	opts.ServiceAccountPullSecrets = saSecrets
+	pod, err := WorkerPod(node, opts, in)
 	if err != nil {
 		r.expected().refusedCreate(node, key, fsm.CreateRefusal{Action: in.Action, Attempt: in.Attempt, Message: err.Error()})
 		return fmt.Errorf("building the %s worker pod for %s on %s: %w", in.Action, key, node, err)

@@ -21,9 +21,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
-	"github.com/kmm-project/kmm/internal/preflight"
 	"github.com/kmm-project/kmm/internal/retry"
 	"github.com/kmm-project/kmm/internal/semantic"
+	"github.com/kmm-project/kmm/preflight"
 )
 
 // +kubebuilder:rbac:groups=kmm.sigs.x-k8s.io,resources=preflightvalidations,verbs=get;list;watch
@@ -39,7 +39,7 @@ const (
 )
 
 // PreflightReconciler verifies every Module against the kernel of each PreflightValidation
-// (internal/preflight) and writes the verdicts to its status. Each reconcile re-checks every
+// (preflight) and writes the verdicts to its status. Each reconcile re-checks every
 // Module: a PreflightValidation is re-verified when it or a Module's spec changes, and, while a
 // registry could not be reached, with back-off.
 type PreflightReconciler struct {

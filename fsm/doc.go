@@ -3,6 +3,8 @@
 //
 //   - DecideSpec is the Module→NMC decision: from a Module and a node's labels and kernel (never its
 //     status), whether the node's NodeModulesConfig spec should hold an entry for the Module, and which.
+//     The selector and the kernel mapping are read by internal/kernel/mapping, which the preflight
+//     shares.
 //   - Step is the NMC decision: from one pair's observed facts (spec entry, status entry, node
 //     readiness, kernel and boot ID, the worker pod, the device plugin pod, the time), which triggers
 //     fire on the state machine, the new status entry, and the Plan of side effects the reconciler

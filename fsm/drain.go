@@ -6,6 +6,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/internal/kernel/mapping"
 )
 
 // Drain strategies of seed 004, weakest first; DrainStatus.LastStrategy records the strongest run.
@@ -111,7 +112,7 @@ func (f *Facts) remainingWorkloads() []WorkloadPod {
 
 func ignored(policy *kmmv1beta1.DrainSpec, namespace string) bool {
 	for _, pattern := range policy.IgnoredNamespacePatterns {
-		if re, err := compilePattern(pattern); err == nil && re.MatchString(namespace) {
+		if re, err := mapping.CompilePattern(pattern); err == nil && re.MatchString(namespace) {
 			return true
 		}
 	}

@@ -2,13 +2,9 @@ package fsm
 
 import (
 	"fmt"
-	"slices"
-
-	"k8s.io/apimachinery/pkg/labels"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
-	"github.com/kmm-project/kmm/contract"
-	"github.com/kmm-project/kmm/internal/kernel"
+	"github.com/kmm-project/kmm/internal/kernel/mapping"
 )
 
 // NodeView is a node as the controllers see it. The Module→NMC decision may read only Name,
@@ -39,14 +35,14 @@ const (
 const (
 	ReasonModuleDeleted   = "ModuleDeleted"
 	ReasonNotSelected     = "NotSelected"
-	ReasonNoKernelMapping = kmmv1beta1.ReasonNoKernelMapping
-	ReasonInvalidKernel   = "InvalidKernelVersion"
-	ReasonInvalidSpec     = kmmv1beta1.ReasonInvalidSpec
+	ReasonNoKernelMapping = mapping.ReasonNoKernelMapping
+	ReasonInvalidKernel   = mapping.ReasonInvalidKernel
+	ReasonInvalidSpec     = mapping.ReasonInvalidSpec
 	ReasonVersionPending  = "VersionLabelOlder"
 	ReasonVersionMissing  = "VersionLabelMissing"
 	ReasonDesired         = "Desired"
 	// ReasonDevicePluginOnly: the Module has no module loader; nothing is loaded on any node.
-	ReasonDevicePluginOnly = "DevicePluginOnly"
+	ReasonDevicePluginOnly = mapping.ReasonDevicePluginOnly
 )
 
 // SpecDecision is the Module→NMC decision for one (Module, node).
@@ -65,13 +61,13 @@ func DecideSpec(m *kmmv1beta1.Module, node NodeView) SpecDecision {
 	if !m.DeletionTimestamp.IsZero() {
 		return SpecDecision{Action: SpecDelete, Reason: ReasonModuleDeleted}
 	}
-	if !Selects(m, node.Labels) {
+	if !mapping.Selects(m, node.Labels) {
 		return SpecDecision{Action: SpecDelete, Reason: ReasonNotSelected}
 	}
 	if m.Spec.DevicePluginOnly() {
 		return SpecDecision{Action: SpecDelete, Reason: ReasonDevicePluginOnly}
 	}
-	entry, reason, err := ResolveEntry(m, node.KernelVersion)
+	entry, reason, err := resolveEntry(m, node.KernelVersion)
 	if err != nil {
 		return SpecDecision{Action: SpecKeep, Reason: reason, Message: err.Error()}
 	}
@@ -89,115 +85,20 @@ func DecideSpec(m *kmmv1beta1.Module, node NodeView) SpecDecision {
 	return SpecDecision{Action: SpecUpdate, Entry: entry, Reason: ReasonDesired}
 }
 
-// Selects says whether m's selector selects a node with these labels (an empty selector selects
-// none).
-func Selects(m *kmmv1beta1.Module, nodeLabels map[string]string) bool {
-	return len(m.Spec.Selector) > 0 && labels.SelectorFromSet(m.Spec.Selector).Matches(labels.Set(nodeLabels))
-}
-
-// ResolveEntry builds the spec entry of m for a node running kernel kver (SPEC §5): the first
-// matching kernel mapping, its image with variables substituted, and the mapping's overrides.
-// The reason is ReasonNoKernelMapping, ReasonInvalidKernel or ReasonInvalidSpec on error.
-func ResolveEntry(m *kmmv1beta1.Module, kver string) (*kmmv1beta1.NodeModuleSpec, string, error) {
-	if m.Spec.DevicePluginOnly() {
-		return nil, ReasonDevicePluginOnly, fmt.Errorf("the Module has no moduleLoader")
-	}
-	v, err := kernel.Parse(kver)
+// resolveEntry builds the spec entry of m for a node running kernel kver (SPEC §5): the worker
+// config of the kernel mapping that serves kver (mapping.Resolve), and the Module's service
+// account, pull secret and tolerations. The reason is mapping's on error.
+func resolveEntry(m *kmmv1beta1.Module, kver string) (*kmmv1beta1.NodeModuleSpec, string, error) {
+	cfg, reason, err := mapping.Resolve(m, kver)
 	if err != nil {
-		return nil, ReasonInvalidKernel, err
-	}
-	c := &m.Spec.ModuleLoader.Container
-	km, err := findMapping(c.KernelMappings, v)
-	if err != nil {
-		return nil, ReasonInvalidSpec, err
-	}
-	if km == nil {
-		return nil, ReasonNoKernelMapping, fmt.Errorf("no kernel mapping matches kernel %s", v.Full)
-	}
-	image := km.ContainerImage
-	if image == "" {
-		image = c.ContainerImage
-	}
-	image, err = kernel.ExpandImage(image, v, m.Name, m.Namespace)
-	if err != nil {
-		return nil, ReasonInvalidSpec, err
+		return nil, reason, err
 	}
 	return &kmmv1beta1.NodeModuleSpec{
 		Namespace:          m.Namespace,
 		Name:               m.Name,
-		Config:             moduleConfig(c, km, v.Full, image),
+		Config:             cfg,
 		ServiceAccountName: m.Spec.ModuleLoader.ServiceAccountName,
 		ImageRepoSecret:    m.Spec.ImageRepoSecret.DeepCopy(),
 		Tolerations:        copyTolerations(m.Spec.Tolerations),
 	}, "", nil
-}
-
-// findMapping returns the first mapping matching v (nil when none), or an error for a mapping that
-// cannot be evaluated.
-func findMapping(mappings []kmmv1beta1.KernelMapping, v kernel.Version) (*kmmv1beta1.KernelMapping, error) {
-	for i := range mappings {
-		ok, err := mappingMatches(&mappings[i], v)
-		if err != nil {
-			return nil, fmt.Errorf("kernelMappings[%d]: %w", i, err)
-		}
-		if ok {
-			return &mappings[i], nil
-		}
-	}
-	return nil, nil
-}
-
-func mappingMatches(km *kmmv1beta1.KernelMapping, v kernel.Version) (bool, error) {
-	switch {
-	case km.Literal != "":
-		return km.Literal == v.Full, nil
-	case km.Regexp != "":
-		re, err := compilePattern(km.Regexp)
-		if err != nil {
-			return false, err
-		}
-		return re.MatchString(v.Full), nil
-	case km.VersionRange != "":
-		r, err := kernel.ParseRange(km.VersionRange)
-		if err != nil {
-			return false, err
-		}
-		return r.Contains(v), nil
-	}
-	return false, nil
-}
-
-// moduleConfig assembles the worker config from the container defaults and the mapping overrides.
-func moduleConfig(c *kmmv1beta1.ModuleLoaderContainerSpec, km *kmmv1beta1.KernelMapping, kver, image string) kmmv1beta1.ModuleConfig {
-	cfg := kmmv1beta1.ModuleConfig{
-		KernelVersion:   kver,
-		ContainerImage:  image,
-		ImagePullPolicy: c.ImagePullPolicy,
-		RegistryTLS:     c.RegistryTLS,
-		Modprobe:        *c.Modprobe.DeepCopy(),
-		Version:         c.Version,
-	}
-	if km.RegistryTLS != nil {
-		cfg.RegistryTLS = *km.RegistryTLS
-	}
-	if cfg.Modprobe.DirName == "" {
-		cfg.Modprobe.DirName = contract.DefaultDirName
-	}
-	cfg.InTreeModulesToRemove = inTreeModules(c.InTreeModulesToRemove, c.InTreeModuleToRemove)
-	if len(km.InTreeModulesToRemove) > 0 || km.InTreeModuleToRemove != "" {
-		cfg.InTreeModulesToRemove = inTreeModules(km.InTreeModulesToRemove, km.InTreeModuleToRemove)
-	}
-	return cfg
-}
-
-// inTreeModules merges the list field with upstream's deprecated single-module field.
-func inTreeModules(list []string, single string) []string {
-	out := append([]string(nil), list...)
-	if single != "" && !slices.Contains(out, single) {
-		out = append(out, single)
-	}
-	if len(out) == 0 {
-		return nil
-	}
-	return out
 }

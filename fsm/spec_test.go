@@ -1,7 +1,6 @@
 package fsm
 
 import (
-	"fmt"
 	"testing"
 	"time"
 
@@ -88,59 +87,5 @@ func TestDecideSpec(t *testing.T) {
 				t.Fatalf("entry = %+v, want image %s", d.Entry, tc.wantImage)
 			}
 		})
-	}
-}
-
-func TestResolveEntryAppliesMappingOverrides(t *testing.T) {
-	m := testModule("v1")
-	m.Spec.ModuleLoader.Container.InTreeModuleToRemove = "legacy"
-	e, _, err := ResolveEntry(m, "6.1.0-56-cloud-amd64")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := e.Config
-	if !c.RegistryTLS.Insecure || len(c.InTreeModulesToRemove) != 1 || c.InTreeModulesToRemove[0] != "old_nic" ||
-		c.Modprobe.DirName != "/opt" || c.Version != "v1" || c.KernelVersion != "6.1.0-56-cloud-amd64" {
-		t.Fatalf("config = %+v", c)
-	}
-	e, _, err = ResolveEntry(m, "5.14.0-1.el9.x86_64")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := e.Config.InTreeModulesToRemove; len(got) != 1 || got[0] != "legacy" || e.Config.RegistryTLS.Insecure {
-		t.Fatalf("container defaults not used for a mapping without overrides: %+v", e.Config)
-	}
-}
-
-func TestResolveEntryReportsAnInvalidMapping(t *testing.T) {
-	m := testModule("")
-	m.Spec.ModuleLoader.Container.KernelMappings = []kmmv1beta1.KernelMapping{{Regexp: "(", ContainerImage: "r/x:y"}}
-	if _, reason, err := ResolveEntry(m, "6.1.0"); err == nil || reason != ReasonInvalidSpec {
-		t.Fatalf("ResolveEntry = %v/%v, want InvalidSpec", reason, err)
-	}
-}
-
-func TestCompilePatternCachesAndBounds(t *testing.T) {
-	a, err := compilePattern(`^6\.1\..*$`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := compilePattern(`^6\.1\..*$`)
-	if a != b {
-		t.Error("the same pattern was compiled twice")
-	}
-	if _, err := compilePattern(`(`); err == nil {
-		t.Error("an invalid pattern compiled")
-	}
-	for i := range 2 * maxCachedPatterns {
-		if _, err := compilePattern(fmt.Sprintf("^n%d$", i)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	patterns.Lock()
-	n := len(patterns.compiled)
-	patterns.Unlock()
-	if n > maxCachedPatterns {
-		t.Errorf("%d patterns cached, want at most %d", n, maxCachedPatterns)
 	}
 }

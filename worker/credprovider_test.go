@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/kmm-project/kmm/contract"
-	"github.com/kmm-project/kmm/internal/registry"
+	"github.com/kmm-project/kmm/registry"
 )
 
 // The test binary is also a kubelet credential provider plugin: run with

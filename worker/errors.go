@@ -9,7 +9,7 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 
-	"github.com/kmm-project/kmm/internal/registry"
+	"github.com/kmm-project/kmm/registry"
 
 	"github.com/kmm-project/kmm/contract"
 )

@@ -13,7 +13,7 @@ import (
 	"testing"
 
 	"github.com/kmm-project/kmm/contract"
-	"github.com/kmm-project/kmm/internal/registry"
+	"github.com/kmm-project/kmm/registry"
 )
 
 // closedHost returns a 127.0.0.1 address nothing listens on: an unreachable origin.

@@ -24,7 +24,7 @@ import (
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/contract"
-	"github.com/kmm-project/kmm/internal/registry"
+	"github.com/kmm-project/kmm/registry"
 )
 
 // dockerConfig is the content of a pull secret: a .dockerconfigjson ({"auths": {...}}) or a legacy

@@ -20,7 +20,7 @@ import (
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/contract"
-	"github.com/kmm-project/kmm/internal/registry"
+	"github.com/kmm-project/kmm/registry"
 )
 
 // Options configure a Worker.

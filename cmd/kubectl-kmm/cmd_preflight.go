@@ -12,7 +12,7 @@ import (
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/kmm-project/kmm/internal/preflight"
+	"github.com/kmm-project/kmm/preflight"
 )
 
 // preflightOptions are the flags of `kubectl kmm preflight`.

@@ -10,7 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
-	"github.com/kmm-project/kmm/internal/preflight"
+	"github.com/kmm-project/kmm/preflight"
 	"github.com/kmm-project/kmm/test/preflightbed"
 )
 

@@ -40,7 +40,7 @@ import (
 
 	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/internal/logging"
-	"github.com/kmm-project/kmm/internal/registry"
+	"github.com/kmm-project/kmm/registry"
 	"github.com/kmm-project/kmm/worker"
 )
 

@@ -21,7 +21,7 @@ import (
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/cmd/manager/app"
-	"github.com/kmm-project/kmm/internal/preflight"
+	"github.com/kmm-project/kmm/preflight"
 	"github.com/kmm-project/kmm/test/envtest"
 	"github.com/kmm-project/kmm/test/poll"
 )

@@ -13,7 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
-	"github.com/kmm-project/kmm/internal/preflight"
+	"github.com/kmm-project/kmm/preflight"
 )
 
 // TestSeededFaults feeds each checker of TestPreflightValidation and TestAdmission a result with

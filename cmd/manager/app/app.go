@@ -44,8 +44,8 @@ import (
 	"github.com/kmm-project/kmm/controllers"
 	"github.com/kmm-project/kmm/fsm"
 	"github.com/kmm-project/kmm/internal/certs"
-	"github.com/kmm-project/kmm/internal/preflight"
 	kmmwebhook "github.com/kmm-project/kmm/internal/webhook"
+	"github.com/kmm-project/kmm/preflight"
 	"github.com/kmm-project/kmm/upgrade"
 )
 
@@ -143,7 +143,7 @@ func DefaultOptions() Options {
 		Certs:          certs.DefaultOptions(),
 		WorkerImage:    "kmm-worker:dev",
 		NMCConcurrency: 16,
-		// internal/preflight: a HEAD per Module, a few at a time, each cut after 20 s.
+		// preflight: a HEAD per Module, a few at a time, each cut after 20 s.
 		PreflightConcurrency:  preflight.DefaultConcurrency,
 		PreflightCheckTimeout: preflight.DefaultCheckTimeout,
 		BackOff:               fsm.DefaultBackOff,
@@ -612,15 +612,17 @@ func setupControllers(mgr ctrl.Manager, o Options) error {
 		return fmt.Errorf("setting up the Module controller: %w", err)
 	}
 	nmc := &controllers.NMCReconciler{
-		Client:                  mgr.GetClient(),
-		APIReader:               mgr.GetAPIReader(),
-		Recorder:                mgr.GetEventRecorder("kmm-nmc"),
-		Clock:                   clock.RealClock{},
-		WorkerImage:             o.WorkerImage,
-		WorkerDryRunSandbox:     o.WorkerDryRunSandbox,
-		FirmwareHostPath:        o.FirmwareHostPath,
-		LeaveFirmwareClassPath:  !o.SetFirmwareClassPath,
-		WorkerRegistry:          o.WorkerRegistry,
+		Client:    mgr.GetClient(),
+		APIReader: mgr.GetAPIReader(),
+		Recorder:  mgr.GetEventRecorder("kmm-nmc"),
+		Clock:     clock.RealClock{},
+		Worker: controllers.WorkerPodOptions{
+			Image:                  o.WorkerImage,
+			DryRunSandbox:          o.WorkerDryRunSandbox,
+			FirmwareHostPath:       o.FirmwareHostPath,
+			LeaveFirmwareClassPath: !o.SetFirmwareClassPath,
+			Registry:               o.WorkerRegistry,
+		},
 		BackOff:                 o.BackOff,
 		MaxConcurrentReconciles: o.NMCConcurrency,
 	}

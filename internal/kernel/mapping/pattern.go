@@ -1,4 +1,4 @@
-package fsm
+package mapping
 
 import (
 	"regexp"
@@ -24,10 +24,11 @@ var patterns = struct {
 	compiled map[string]compiled
 }{compiled: map[string]compiled{}}
 
-// compilePattern is kernel.CompilePattern (bounded size and cost) with a cache. Compiled
-// expressions are safe for concurrent use. Refused patterns are cached too: one that got past
-// admission would otherwise be parsed again for every node (270 µs each for \pL{1000}\pN{1000}).
-func compilePattern(pattern string) (*regexp.Regexp, error) {
+// CompilePattern is kernel.CompilePattern (bounded size and cost) with a cache: the kernel
+// mappings' regexps, and fsm's drain for a Module's ignoredNamespacePatterns. Compiled expressions
+// are safe for concurrent use. Refused patterns are cached too: one that got past admission would
+// otherwise be parsed again for every node (270 µs each for \pL{1000}\pN{1000}).
+func CompilePattern(pattern string) (*regexp.Regexp, error) {
 	patterns.Lock()
 	c, ok := patterns.compiled[pattern]
 	patterns.Unlock()

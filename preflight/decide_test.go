@@ -27,7 +27,7 @@ func testModule() *kmmv1beta1.Module {
 	}
 }
 
-// TestDecide covers each reason: the mapping comes from fsm.ResolveEntry (literal, then regexp with
+// TestDecide covers each reason: the mapping comes from mapping.Resolve (literal, then regexp with
 // the default image expanded), and each registry outcome maps to its reason.
 func TestDecide(t *testing.T) {
 	pluginOnly := testModule()

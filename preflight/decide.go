@@ -4,7 +4,7 @@ import (
 	"fmt"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
-	"github.com/kmm-project/kmm/fsm"
+	"github.com/kmm-project/kmm/internal/kernel/mapping"
 )
 
 // Outcome is what the registry said about an image.
@@ -63,32 +63,32 @@ func (v Verdict) Key() string { return v.Namespace + "/" + v.Name }
 
 // Plan returns the image check a Module needs for kernel, or, when none is needed, its verdict:
 // no mapping matches, the kernel or the Module cannot be evaluated, or the Module has no module
-// loader (nothing to load, so nothing can be missing). The mapping is chosen by fsm.ResolveEntry,
-// the Module→NMC controller's own code.
+// loader (nothing to load, so nothing can be missing). The mapping is chosen by mapping.Resolve,
+// the code the Module→NMC decision runs.
 func Plan(m *kmmv1beta1.Module, kernel string) (*Target, *Verdict) {
 	v := &Verdict{Namespace: m.Namespace, Name: m.Name, Final: true}
 	if m.Spec.DevicePluginOnly() {
 		v.Verified, v.Reason, v.Message = true, kmmv1beta1.PreflightReasonSuccess, "the Module has no moduleLoader: nothing to load on any kernel"
 		return nil, v
 	}
-	entry, reason, err := fsm.ResolveEntry(m, kernel)
+	cfg, reason, err := mapping.Resolve(m, kernel)
 	if err != nil {
 		v.Reason, v.Message = resolveReason(reason), err.Error()
 		return nil, v
 	}
-	t := &Target{Image: entry.Config.ContainerImage, RegistryTLS: entry.Config.RegistryTLS}
-	if entry.ImageRepoSecret != nil {
-		t.PullSecret = entry.ImageRepoSecret.Name
+	t := &Target{Image: cfg.ContainerImage, RegistryTLS: cfg.RegistryTLS}
+	if m.Spec.ImageRepoSecret != nil {
+		t.PullSecret = m.Spec.ImageRepoSecret.Name
 	}
 	return t, nil
 }
 
-// resolveReason maps the reasons of fsm.ResolveEntry to preflight reasons.
+// resolveReason maps the reasons of mapping.Resolve to preflight reasons.
 func resolveReason(reason string) string {
 	switch reason {
-	case fsm.ReasonNoKernelMapping:
+	case mapping.ReasonNoKernelMapping:
 		return kmmv1beta1.PreflightReasonNoMapping
-	case fsm.ReasonInvalidKernel:
+	case mapping.ReasonInvalidKernel:
 		return kmmv1beta1.PreflightReasonInvalidKernel
 	}
 	return kmmv1beta1.PreflightReasonInvalidSpec

@@ -13,7 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
-	"github.com/kmm-project/kmm/fsm"
+	"github.com/kmm-project/kmm/internal/kernel/mapping"
 )
 
 // DefaultConcurrency is how many image checks run at once by default: each is one or two small
@@ -141,7 +141,7 @@ func Platforms(m *kmmv1beta1.Module, nodes []corev1.Node) []v1.Platform {
 	for i := range nodes {
 		info := nodes[i].Status.NodeInfo
 		p := info.OperatingSystem + "/" + info.Architecture
-		if info.OperatingSystem == "" || info.Architecture == "" || seen[p] || !fsm.Selects(m, nodes[i].Labels) {
+		if info.OperatingSystem == "" || info.Architecture == "" || seen[p] || !mapping.Selects(m, nodes[i].Labels) {
 			continue
 		}
 		seen[p] = true
