@@ -20,6 +20,7 @@ import (
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/contract"
+	"github.com/kmm-project/kmm/fsm"
 )
 
 // devicePluginLabels mark every device plugin DaemonSet and pod of a Module.
@@ -75,31 +76,24 @@ func (r *ModuleReconciler) syncDevicePlugin(ctx context.Context, s *moduleScope)
 		return err
 	}
 	var errs []error
+	var nodeLabels []map[string]string
 	for i := range list.Items {
-		if ds := &list.Items[i]; ds.Name != want && !r.versionStillRunning(s, ds) {
+		ds := &list.Items[i]
+		if ds.Name == want {
+			continue
+		}
+		if nodeLabels == nil {
+			nodeLabels = make([]map[string]string, len(s.nodes))
+			for j := range s.nodes {
+				nodeLabels[j] = s.nodes[j].Labels
+			}
+		}
+		// An older version's DaemonSet stays while nodes are still labelled for it (ordered upgrade).
+		if !fsm.KeepOldDevicePlugin(m, ds.Spec.Template.Spec.NodeSelector, nodeLabels) {
 			errs = append(errs, client.IgnoreNotFound(r.Client.Delete(ctx, ds)))
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// versionStillRunning keeps the DaemonSet of an older version while some node is still labelled
-// for it (an ordered upgrade in progress).
-func (r *ModuleReconciler) versionStillRunning(s *moduleScope, ds *appsv1.DaemonSet) bool {
-	if !s.module.DeletionTimestamp.IsZero() {
-		return false
-	}
-	key := kmmv1beta1.DevicePluginVersionLabel(s.module.Namespace, s.module.Name)
-	v, ok := ds.Spec.Template.Spec.NodeSelector[key]
-	if !ok {
-		return false
-	}
-	for _, n := range s.nodes {
-		if n.Labels[key] == v {
-			return true
-		}
-	}
-	return false
 }
 
 // buildDevicePlugin fills a DaemonSet from the Module's device plugin spec.

@@ -202,16 +202,22 @@ func (r *ModuleReconciler) modules(ctx context.Context) ([]kmmv1beta1.Module, bo
 // nodeChangeRequests are the Modules a change of a Node's labels (from old to next; old nil for a
 // new or deleted Node, which concerns every Module selecting it) or of its kernel concerns: every
 // Module being deleted, every Module the change selects or deselects, and every Module selecting
-// the node when its kernel or a label changed — but for the ready labels of kmm's pairs, which the
-// NMC controller sets as pairs load and unload and no Module decision reads but through a
-// selector (issue 22: each of them queued the Module again, 1,000 times in a 1,000-node load, and
-// its reconcile reads every node and NMC).
+// the node when its kernel or a label changed — but for the labels the NMC controller writes for
+// kmm's pairs as they load and unload (kmmv1beta1.StateLabels: ready, version.ready,
+// device-plugin-ready). No Module decision reads those but through a selector, which the
+// selects/deselects test above still catches: fsm.DecideSpec reads the selector's labels and the
+// version-worker-pod label, the device plugin DaemonSets the version-device-plugin label
+// (fsm.KeepOldDevicePlugin), the Module's status only the decisions and the NMC statuses (whose
+// own events queue the Module). Each of them queued the Module again before (issue 22: 1,000 times
+// in a 1,000-node load for the ready label alone, and the reconcile reads every node and NMC).
 func nodeChangeRequests(modules []kmmv1beta1.Module, old, next map[string]string, kernelChanged bool) []ctrl.Request {
-	ready := make(map[string]bool, len(modules))
+	kmmWrites := make(map[string]bool, 3*len(modules))
 	for i := range modules {
-		ready[kmmv1beta1.ReadyLabel(modules[i].Namespace, modules[i].Name)] = true
+		for _, l := range kmmv1beta1.StateLabels(modules[i].Namespace, modules[i].Name) {
+			kmmWrites[l] = true
+		}
 	}
-	changed := old == nil || kernelChanged || labelsChangedBeyond(old, next, ready)
+	changed := old == nil || kernelChanged || labelsChangedBeyond(old, next, kmmWrites)
 	var out []ctrl.Request
 	for i := range modules {
 		m := &modules[i]

@@ -100,9 +100,11 @@ func TestModuleStatusCountsFromDecisions(t *testing.T) {
 	}
 }
 
-// TestNodeChangeRequests: which Modules a Node event queues. The ready label the NMC controller sets
-// as a pair loads queues none (it did before issue 22: every selecting Module, for every pair), but
-// a Module whose selector names it.
+// TestNodeChangeRequests: which Modules a Node event queues. The ready, version.ready and
+// device-plugin-ready labels the NMC controller sets as a pair loads queue none (the ready label did
+// before issue 22, the other two before issue 35: every selecting Module, for every pair), but a
+// Module whose selector names one; selector and version labels still queue the Modules selecting
+// the node.
 func TestNodeChangeRequests(t *testing.T) {
 	module := func(name string, sel map[string]string, deleting bool) kmmv1beta1.Module {
 		m := kmmv1beta1.Module{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name}, Spec: kmmv1beta1.ModuleSpec{Selector: sel}}
@@ -136,6 +138,12 @@ func TestNodeChangeRequests(t *testing.T) {
 		{"the kernel changed", base, base, true, []string{"nic", "gone"}},
 		{"deselected", base, map[string]string{}, false, []string{"nic", "gone"}},
 		{"a version label changed", base, with(kmmv1beta1.WorkerPodVersionLabel("ns", "nic"), "v2"), false, []string{"nic", "gone"}},
+		{"nic's version.ready label set: none", base, with(kmmv1beta1.VersionReadyLabel("ns", "nic"), "v1"), false, []string{"gone"}},
+		{"nic's device-plugin-ready label set: none", base, with(kmmv1beta1.DevicePluginReadyLabel("ns", "nic"), ""), false, []string{"gone"}},
+		{"nic's ready label removed: only the Module selecting on it", with(nicReady, ""), base, false, []string{"after-nic", "gone"}},
+		{"the device plugin version label changed", base, with(kmmv1beta1.DevicePluginVersionLabel("ns", "nic"), "v2"), false, []string{"nic", "gone"}},
+		{"the user's version-module label changed", base, with(kmmv1beta1.ModuleVersionLabel("ns", "nic"), "v2"), false, []string{"nic", "gone"}},
+		{"a ready label of no Module is a user's label", base, with(kmmv1beta1.ReadyLabel("ns", "unknown"), ""), false, []string{"nic", "gone"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -559,35 +559,24 @@ func (r *NMCReconciler) createWorker(ctx context.Context, node, key string, in *
 	return nil
 }
 
-// labelChanges are the node label changes that set the ready and version.ready labels of every pair
-// as planned and remove the others of known Modules (empty when nothing changes).
+// labelChanges are the changes of the node's labels that fsm.NodeLabels asks for: a merge patch of
+// the keys whose value changes (nil removes a label; empty when nothing changes).
 func labelChanges(f *nodeFacts, outcomes []pairOutcome) map[string]any {
-	desired := map[string]*string{}
-	for _, key := range ownedStateLabels(f.node.Labels, f.moduleKeys, pairKeys(f)) {
-		desired[key] = nil
+	facts := fsm.LabelFacts{Labels: f.node.Labels, Modules: f.moduleKeys, Pairs: make([]fsm.LabelPair, len(outcomes))}
+	for i := range outcomes {
+		o := &outcomes[i]
+		facts.Pairs[i] = fsm.LabelPair{Key: o.key, Result: &o.result, DevicePluginRunning: f.dpRunning[o.key], DevicePluginReady: f.dpReady[o.key]}
 	}
-	for _, o := range outcomes {
-		ns, name, _ := strings.Cut(o.key, "/")
-		if undecidedForeign(o, desired) {
-			continue
-		}
-		if o.result.Plan.Ready {
-			v := ""
-			desired[kmmv1beta1.ReadyLabel(ns, name)] = &v
-		}
-		if v := o.result.Plan.VersionReady; v != "" {
-			desired[kmmv1beta1.VersionReadyLabel(ns, name)] = &v
-		}
-		if devicePluginReadyLabelled(f, o) {
-			v := ""
-			desired[kmmv1beta1.DevicePluginReadyLabel(ns, name)] = &v
-		}
-	}
+	want := fsm.NodeLabels(facts)
 	patch := map[string]any{}
-	for key, want := range desired {
-		cur, has := f.node.Labels[key]
-		if (want == nil && has) || (want != nil && (!has || cur != *want)) {
-			patch[key] = want
+	for key, v := range want.Set {
+		if cur, has := f.node.Labels[key]; !has || cur != v {
+			patch[key] = v
+		}
+	}
+	for _, key := range want.Remove {
+		if _, has := f.node.Labels[key]; has {
+			patch[key] = nil
 		}
 	}
 	return patch
@@ -599,35 +588,6 @@ func (r *NMCReconciler) patchLabels(ctx context.Context, f *nodeFacts, patch map
 		return nil
 	}
 	return r.Client.Patch(ctx, f.writableNode(), client.RawPatch(types.MergePatchType, labelsPatch(patch)))
-}
-
-// ownedStateLabels are the ready and version.ready labels of nodeLabels that belong to a known Module:
-// one that exists (being deleted or not) or has a pair on the node. A label is kmm's only when it
-// equals the key kmm derives for such a Module: dots are legal in Module names, so a suffix such as
-// ".ready" says nothing (kmm.node.kubernetes.io/upgrade-skip.ns.gpu.ready is the user's label of a
-// Module named gpu.ready, not the ready label of a Module "ns.gpu" in namespace "upgrade-skip").
-func ownedStateLabels(nodeLabels map[string]string, modules map[string]bool, pairs []string) []string {
-	var out []string
-	seen := map[string]bool{}
-	check := func(key string) {
-		if seen[key] {
-			return
-		}
-		seen[key] = true
-		ns, name, _ := strings.Cut(key, "/")
-		for _, label := range []string{kmmv1beta1.ReadyLabel(ns, name), kmmv1beta1.VersionReadyLabel(ns, name), kmmv1beta1.DevicePluginReadyLabel(ns, name)} {
-			if _, ok := nodeLabels[label]; ok {
-				out = append(out, label)
-			}
-		}
-	}
-	for key := range modules {
-		check(key)
-	}
-	for _, key := range pairs {
-		check(key)
-	}
-	return out
 }
 
 // labelsPatch is a JSON merge patch of node labels (nil values remove a label).

@@ -391,36 +391,6 @@ func (r *NMCReconciler) gatherUpstream(ctx context.Context, f *nodeFacts) error 
 	return nil
 }
 
-// devicePluginReadyLabelled says whether the node carries the pair's device-plugin-ready label: the
-// module is loaded and a device plugin pod is Ready there (or the pair was adopted, see below).
-func devicePluginReadyLabelled(f *nodeFacts, o pairOutcome) bool {
-	return o.result.Plan.Ready && (f.dpReady[o.key] || keepAdoptedDevicePluginLabel(f, o))
-}
-
-// keepAdoptedDevicePluginLabel says whether an adopted pair keeps the device-plugin-ready label
-// upstream KMM set: upstream's device plugin pods (not in kmm's cache) still serve the node until
-// kmm's own has a pod there, so the label is never removed only to be set again.
-func keepAdoptedDevicePluginLabel(f *nodeFacts, o pairOutcome) bool {
-	ns, name, _ := strings.Cut(o.key, "/")
-	_, has := f.node.Labels[kmmv1beta1.DevicePluginReadyLabel(ns, name)]
-	st := o.result.Status
-	return has && st != nil && st.Reason == string(fsm.Adopted) && !f.dpRunning[o.key]
-}
-
-// undecidedForeign says whether the pair is a record upstream KMM left that kmm has not decided on
-// yet, and if so drops its labels from desired: they stay as upstream set them.
-func undecidedForeign(o pairOutcome, desired map[string]*string) bool {
-	st := o.result.Status
-	if st == nil || st.State != "" {
-		return false
-	}
-	ns, name, _ := strings.Cut(o.key, "/")
-	for _, l := range []string{kmmv1beta1.ReadyLabel(ns, name), kmmv1beta1.VersionReadyLabel(ns, name), kmmv1beta1.DevicePluginReadyLabel(ns, name)} {
-		delete(desired, l)
-	}
-	return true
-}
-
 // removeOrphanedEntries handles a Module that does not exist (in the cache): the spec entries NMCs
 // still have of it (orphaned: no reconcile of the Module will ever write them again) are removed
 // once fsm.DecideOrphans says the grace is over, each by the takeover patch, with an Event on the

@@ -44,16 +44,6 @@ func plan(f *Facts) Plan {
 	return p
 }
 
-// readyLabels are the ready label and the version.ready value: a Loaded pair has them. A reload
-// replaces the module within one worker run: with no device plugin to keep off the node meanwhile,
-// the ready label stays through it (docs/api.md).
-func readyLabels(f *Facts) (bool, string) {
-	if f.state() == Loaded {
-		return true, f.loadedVersion()
-	}
-	return f.state() == Loading && f.reloadable() && !f.DevicePluginConfigured, ""
-}
-
 // planWorker plans the worker pod of a Loading or Unloading pair.
 func planWorker(f *Facts, p *Plan, action contract.Action) {
 	switch {

@@ -21,6 +21,13 @@ func DevicePluginReadyLabel(namespace, name string) string {
 	return labelDomain + namespace + "." + name + ".device-plugin-ready"
 }
 
+// StateLabels are the node labels the NMC controller writes for a Module's pair on the node: ReadyLabel,
+// VersionReadyLabel and DevicePluginReadyLabel. No decision of the Module→NMC controller reads them
+// but through a Module's selector.
+func StateLabels(namespace, name string) []string {
+	return []string{ReadyLabel(namespace, name), VersionReadyLabel(namespace, name), DevicePluginReadyLabel(namespace, name)}
+}
+
 // ModuleVersionLabel is the user's label requesting a module version on a node (ordered upgrade).
 func ModuleVersionLabel(namespace, name string) string {
 	return "kmm.node.kubernetes.io/version-module." + namespace + "." + name
