@@ -2,6 +2,7 @@ package takeover_test
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/test/envtest"
+	"github.com/kmm-project/kmm/test/poll"
 )
 
 // upstreamNMC is an NMC as upstream KMM leaves it on a node where it loaded a Module.
@@ -60,7 +62,7 @@ func TestCRDSwitchKeepsUpstreamFields(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	installCRD(t, cfg, filepath.Join(root, "config", "crd", "bases", "kmm.sigs.x-k8s.io_nodemodulesconfigs.yaml"))
+	installKMMOverUpstream(t, cfg, root, c)
 	got := &kmmv1beta1.NodeModulesConfig{}
 	if err := c.Get(ctx, client.ObjectKey{Name: "node-1"}, got); err != nil {
 		t.Fatal(err)
@@ -108,6 +110,24 @@ func installCRD(t *testing.T, cfg *rest.Config, path string) {
 	if _, err := ctrlenvtest.InstallCRDs(cfg, ctrlenvtest.CRDInstallOptions{Paths: []string{path}, ErrorIfPathMissing: true}); err != nil {
 		t.Fatalf("installing %s: %v", path, err)
 	}
+}
+
+// installKMMOverUpstream installs kmm's NMC CRD over upstream's and waits until the API server
+// serves its schema. InstallCRDs waits only until the CRD's versions are in discovery, which they
+// already were under upstream's CRD, and the new schema is served a moment later: a clean-clone CI
+// run applied an entry too early and was refused on upstream's "insecurePull: Required value", and
+// a read as early sees upstream's schema, not the one whose pruning the switch test checks. An
+// entry without insecurePull is refused by upstream's schema and accepted by kmm's, so the wait
+// ends when a dry run of one is accepted.
+func installKMMOverUpstream(t *testing.T, cfg *rest.Config, root string, c client.Client) {
+	t.Helper()
+	installCRD(t, cfg, filepath.Join(root, "config", "crd", "bases", "kmm.sigs.x-k8s.io_nodemodulesconfigs.yaml"))
+	probe := map[string]any{"name": "nic", "namespace": "drivers",
+		"config": map[string]any{"kernelVersion": "6.1.0-13-amd64", "containerImage": "reg.example.com/nic:6.1", "modprobe": map[string]any{"moduleName": "nic"}}}
+	poll.Until(t, 30*time.Second, 100*time.Millisecond, func() (bool, string) {
+		err := applyModules(context.Background(), c, "schema-probe", []client.PatchOption{client.DryRunAll}, probe)
+		return err == nil, fmt.Sprintf("an entry without insecurePull, under kmm's schema: %v", err)
+	})
 }
 
 func newClient(t *testing.T, cfg *rest.Config) client.Client {

@@ -32,16 +32,11 @@ func TestUpstreamOwnershipBreaksApplyRemoval(t *testing.T) {
 	if err := c.Create(ctx, upstreamNMC(), client.FieldOwner("manager")); err != nil {
 		t.Fatal(err)
 	}
-	installCRD(t, cfg, filepath.Join(root, "config", "crd", "bases", "kmm.sigs.x-k8s.io_nodemodulesconfigs.yaml"))
+	installKMMOverUpstream(t, cfg, root, c)
 
 	entry := map[string]any{"name": "nic", "namespace": "drivers", "serviceAccountName": "nic-sa",
 		"config": map[string]any{"kernelVersion": "6.1.0-13-amd64", "containerImage": "reg.example.com/nic:6.1", "modprobe": map[string]any{"moduleName": "nic"}}}
-	apply := func(modules ...any) error {
-		data, _ := json.Marshal(map[string]any{"apiVersion": kmmv1beta1.GroupVersion.String(), "kind": "NodeModulesConfig",
-			"metadata": map[string]any{"name": "node-1"}, "spec": map[string]any{"modules": append([]any{}, modules...)}})
-		obj := &kmmv1beta1.NodeModulesConfig{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}}
-		return c.Patch(ctx, obj, client.RawPatch(types.ApplyPatchType, data), client.FieldOwner("kmm-module/drivers/nic"), client.ForceOwnership)
-	}
+	apply := func(modules ...any) error { return applyModules(ctx, c, "node-1", nil, modules...) }
 	get := func() *kmmv1beta1.NodeModulesConfig {
 		t.Helper()
 		got := &kmmv1beta1.NodeModulesConfig{}
@@ -92,4 +87,14 @@ func TestUpstreamOwnershipBreaksApplyRemoval(t *testing.T) {
 	if e := get().SpecEntry("drivers", "nic"); e != nil {
 		t.Errorf("the entry is still there: %+v", e)
 	}
+}
+
+// applyModules server-side applies spec.modules of the NMC name as the field manager of kmm's
+// Module drivers/nic, forced, with opts (a dry run, say) on top.
+func applyModules(ctx context.Context, c client.Client, name string, opts []client.PatchOption, modules ...any) error {
+	data, _ := json.Marshal(map[string]any{"apiVersion": kmmv1beta1.GroupVersion.String(), "kind": "NodeModulesConfig",
+		"metadata": map[string]any{"name": name}, "spec": map[string]any{"modules": append([]any{}, modules...)}})
+	obj := &kmmv1beta1.NodeModulesConfig{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	opts = append([]client.PatchOption{client.FieldOwner("kmm-module/drivers/nic"), client.ForceOwnership}, opts...)
+	return c.Patch(ctx, obj, client.RawPatch(types.ApplyPatchType, data), opts...)
 }
