@@ -110,12 +110,8 @@ func TestKernelStringsANodeCannotHaveAreNotLoaded(t *testing.T) {
 // warningEvents counts the Warning Events with reason on Module name.
 func warningEvents(t *testing.T, ns, name, reason string) int {
 	t.Helper()
-	evs := &eventsv1.EventList{}
-	if err := k8s.List(context.Background(), evs, client.InNamespace(ns)); err != nil {
-		t.Fatal(err)
-	}
 	n := 0
-	for _, e := range evs.Items {
+	for _, e := range listEvents(t, ns) {
 		if e.Regarding.Kind == "Module" && e.Regarding.Name == name && e.Reason == reason && e.Type == corev1.EventTypeWarning {
 			n++
 			if e.Series != nil {
@@ -188,4 +184,14 @@ func TestRefusedDevicePluginIsReported(t *testing.T) {
 		_ = k8s.List(context.Background(), dss, client.InNamespace(tb.NS))
 		return c != nil && c.Status == metav1.ConditionFalse && len(dss.Items) == 1, fmt.Sprintf("Degraded condition %+v, %d DaemonSets after the fix", c, len(dss.Items))
 	})
+}
+
+// listEvents lists the Events of a namespace.
+func listEvents(t *testing.T, ns string) []eventsv1.Event {
+	t.Helper()
+	evs := &eventsv1.EventList{}
+	if err := k8s.List(context.Background(), evs, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	return evs.Items
 }

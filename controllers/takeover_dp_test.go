@@ -12,7 +12,6 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -471,12 +470,8 @@ func TestTakeoverHandoverStuckIsReported(t *testing.T) {
 // countEvents counts the Events of a reason in a namespace.
 func countEvents(t *testing.T, ns, reason string) int {
 	t.Helper()
-	evs := &eventsv1.EventList{}
-	if err := k8s.List(context.Background(), evs, client.InNamespace(ns)); err != nil {
-		t.Fatal(err)
-	}
 	n := 0
-	for _, e := range evs.Items {
+	for _, e := range listEvents(t, ns) {
 		if e.Reason == reason {
 			n++
 		}
