@@ -11,6 +11,8 @@ import (
 	"crypto/x509/pkix"
 	"debug/elf"
 	"encoding/binary"
+	"io"
+	"log"
 	"math/big"
 	"testing"
 	"time"
@@ -135,3 +137,8 @@ func elfObject(t testing.TB, typ elf.Type, name string, pad int, modinfo bool) [
 	copy(out, h.Bytes())
 	return out
 }
+
+func nil2P256() elliptic.Curve { return elliptic.P256() }
+
+// nopLogger silences the in-process registry.
+func nopLogger() *log.Logger { return log.New(io.Discard, "", 0) }
