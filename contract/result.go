@@ -79,7 +79,7 @@ const (
 // Result is what a worker run reports, as JSON in the container's termination message. The JSON
 // field names are a stable contract with the operator; parse it with ParseResult.
 type Result struct {
-	// Action is load, unload or reload.
+	// Action is load, unload, reload or sign.
 	Action Action `json:"action"`
 	// Namespace of the Module.
 	Namespace string `json:"namespace"`
@@ -93,7 +93,8 @@ type Result struct {
 	Kernel string `json:"kernel"`
 	// BootID is the node's boot ID, read from <hostroot>/proc/sys/kernel/random/boot_id.
 	BootID string `json:"bootID,omitempty"`
-	// ImageDigest is the digest the image reference resolved to (sha256:...).
+	// ImageDigest is the digest the image reference resolved to (sha256:...); for a sign, the
+	// digest of the signed image pushed.
 	ImageDigest string `json:"imageDigest,omitempty"`
 	// FromCache is true when the image content came from the cache without downloading layers.
 	FromCache bool `json:"fromCache,omitempty"`
@@ -151,7 +152,7 @@ func ParseResult(data []byte) (Result, error) {
 
 func (r Result) check() error {
 	switch r.Action {
-	case ActionLoad, ActionUnload, ActionReload:
+	case ActionLoad, ActionUnload, ActionReload, ActionSign:
 	default:
 		return fmt.Errorf("unknown action %q", r.Action)
 	}
@@ -166,8 +167,12 @@ func (r Result) check() error {
 	case OutcomeFailed:
 		switch r.Reason {
 		case ReasonImagePull, ReasonNotFound, ReasonBusy, ReasonInvalidConfig, ReasonOther:
+		case ReasonSignKey, ReasonSignInput, ReasonImagePush:
+			if r.Action != ActionSign {
+				return fmt.Errorf("reason %q outside a sign result", r.Reason)
+			}
 		default:
-			return fmt.Errorf("a failed result needs reason ImagePull, NotFound, Busy, InvalidConfig or Other, got %q", r.Reason)
+			return fmt.Errorf("a failed result needs reason ImagePull, NotFound, Busy, InvalidConfig, Other, SignKey, SignInput or ImagePush, got %q", r.Reason)
 		}
 	default:
 		return fmt.Errorf("unknown outcome %q", r.Outcome)

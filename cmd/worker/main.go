@@ -1,5 +1,6 @@
 // Command worker is kmm's worker: run once in a pod on a node, it pulls a kmod image, loads or
-// unloads one kernel module and writes a JSON result to the termination-message path.
+// unloads one kernel module and writes a JSON result to the termination-message path. Its sign
+// subcommand (sign.go) runs in the sign pod instead: it signs the modules of an image.
 //
 //	worker load|unload --config <file> [--pull-secret <docker-config>] [--cache-dir <dir>]
 //	       [--host-root <dir>] [--termination-log <file>] [--dry-run] [--modprobe <path>]
@@ -125,14 +126,7 @@ func parseFlags(args []string, errOut io.Writer) (flags, error) {
 	fs.DurationVar(&f.cacheMaxAge, "cache-max-age", worker.DefaultCacheMaxAge, "Cache entries no tag record names are removed after this long unused.")
 	fs.DurationVar(&f.timeout, "timeout", contract.DefaultTimeout, "Deadline of the whole run (pull, extraction, firmware, modprobe); a run that reaches it reports a timed-out result.")
 	fs.BoolVar(&f.dryRun, "dry-run", false, "Run modprobe -n -S <kernel> and treat --host-root as a sandbox directory (which must not be /).")
-	fs.StringVar(&f.registries.ContainerdConfigPath, "containerd-config-path", "", "containerd's config_path (<dir>/<registry>/hosts.toml): mirrors, CAs and TLS settings of the node's registries.")
-	fs.Var(listFlag{&f.registries.NodeRegistriesConf}, "registries-conf", "The node's registries.conf (v2: mirrors, blocked and insecure registries); repeatable. A missing file is skipped.")
-	fs.Var(listFlag{&f.registries.OperatorRegistriesConf}, "operator-registries-conf", "registries.conf from the operator, consulted before the node's files; repeatable. A missing file is skipped.")
-	fs.Var(listFlag{&f.trust.BundleFiles}, "ca-bundle", "PEM file of CA certificates trusted for every registry beside the system's; repeatable. A missing file is skipped.")
-	fs.Var(listFlag{&f.trust.CertsDirs}, "certs-dir", "certs.d directory (<dir>/<host[:port]>/*.crt trusted for that host); repeatable.")
-	fs.StringVar(&f.pullSecretDir, "pull-secret-dir", "", "Directory of further pull secrets in docker-config form (the service account's imagePullSecrets), one per subdirectory or file; consulted after --pull-secret.")
-	fs.StringVar(&f.providerConfig, "credential-provider-config", "", "The node's kubelet CredentialProviderConfig: its plugins (credentialprovider.kubelet.k8s.io/v1) give credentials for the images they match, after the pull secrets.")
-	fs.StringVar(&f.providerBinDir, "credential-provider-bin-dir", "", "Directory of the credential provider plugins (the kubelet's --image-credential-provider-bin-dir).")
+	registryFlags(fs, &f)
 	fs.StringVar(&f.logLevel, "log-level", "info", "Log level: debug, info, warn or error.")
 	fs.BoolVar(&f.logConsole, "log-console", false, "Log human-readable text instead of JSON.")
 
@@ -150,6 +144,18 @@ func parseFlags(args []string, errOut io.Writer) (flags, error) {
 	}
 	f.action = contract.Action(action)
 	return f, f.check()
+}
+
+// registryFlags are the registry configuration and credential flags, the same for every action.
+func registryFlags(fs *flag.FlagSet, f *flags) {
+	fs.StringVar(&f.registries.ContainerdConfigPath, "containerd-config-path", "", "containerd's config_path (<dir>/<registry>/hosts.toml): mirrors, CAs and TLS settings of the node's registries.")
+	fs.Var(listFlag{&f.registries.NodeRegistriesConf}, "registries-conf", "The node's registries.conf (v2: mirrors, blocked and insecure registries); repeatable. A missing file is skipped.")
+	fs.Var(listFlag{&f.registries.OperatorRegistriesConf}, "operator-registries-conf", "registries.conf from the operator, consulted before the node's files; repeatable. A missing file is skipped.")
+	fs.Var(listFlag{&f.trust.BundleFiles}, "ca-bundle", "PEM file of CA certificates trusted for every registry beside the system's; repeatable. A missing file is skipped.")
+	fs.Var(listFlag{&f.trust.CertsDirs}, "certs-dir", "certs.d directory (<dir>/<host[:port]>/*.crt trusted for that host); repeatable.")
+	fs.StringVar(&f.pullSecretDir, "pull-secret-dir", "", "Directory of further pull secrets in docker-config form (the service account's imagePullSecrets), one per subdirectory or file; consulted after --pull-secret.")
+	fs.StringVar(&f.providerConfig, "credential-provider-config", "", "The node's kubelet CredentialProviderConfig: its plugins (credentialprovider.kubelet.k8s.io/v1) give credentials for the images they match, after the pull secrets.")
+	fs.StringVar(&f.providerBinDir, "credential-provider-bin-dir", "", "Directory of the credential provider plugins (the kubelet's --image-credential-provider-bin-dir).")
 }
 
 func (f flags) check() error {
@@ -170,6 +176,9 @@ func (f flags) check() error {
 
 // run is the whole command; it returns the exit status.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == string(contract.ActionSign) {
+		return runSign(ctx, args[1:], stdout, stderr)
+	}
 	f, err := parseFlags(args, stderr)
 	if err != nil {
 		if !errors.Is(err, flag.ErrHelp) {
