@@ -95,7 +95,7 @@ func BenchmarkSign100MiB(b *testing.B) {
 	signer := rsaPair(b).signer(b, crypto.SHA256)
 	runs := map[string]func(target string) error{
 		"sign": func(target string) error {
-			_, err := SignImage(context.Background(), signer, ImageOptions{Source: ref.String(), Target: target, FilesToSign: []string{"/" + modDir + "*.ko"}})
+			_, err := Image(context.Background(), signer, ImageOptions{Source: ref.String(), Target: target, FilesToSign: []string{"/" + modDir + "*.ko"}})
 			return err
 		},
 		"pull-push": func(target string) error { return pullPush(ref, target) },

@@ -12,7 +12,7 @@
 //
 // The key and the certificate come in upstream KMM's Secret formats: the private key (Secret key
 // "key") and the certificate (Secret key "cert"), each PEM or DER; a key that does not match its
-// certificate is refused. SignImage pulls an image, signs the files that filesToSign's globs
+// certificate is refused. Image pulls an image, signs the files that filesToSign's globs
 // match, writes them as one new layer on top and pushes the result under another name; the worker
 // runs it as `worker sign` in the sign pod. docs/sign.md says how, and lists every bound.
 //

@@ -8,7 +8,7 @@ import (
 // Class is the kind of a signing failure, for the sign pod's result and the user's status.
 type Class string
 
-// The failure classes. Every error SignModule, NewSigner and SignImage return has one.
+// The failure classes. Every error SignModule, NewSigner and Image return has one.
 const (
 	// ClassKey: the key or the certificate cannot be used: unreadable, malformed, encrypted, of an
 	// unsupported type, or larger than MaxKeyBytes.

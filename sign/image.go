@@ -23,7 +23,7 @@ import (
 	"github.com/kmm-project/kmm/registry"
 )
 
-// Bounds of SignImage (docs/sign.md).
+// Bounds of Image (docs/sign.md).
 const (
 	// MaxPatterns bounds the entries of filesToSign.
 	MaxPatterns = 64
@@ -37,7 +37,7 @@ const (
 	DefaultMaxSignedBytes int64 = 1 << 30
 )
 
-// ImageLimits bound one SignImage; zero fields take the defaults above.
+// ImageLimits bound one Image; zero fields take the defaults above.
 type ImageLimits struct {
 	MaxFiles       int
 	MaxImageBytes  int64
@@ -61,7 +61,7 @@ func (l ImageLimits) withDefaults() ImageLimits {
 	return l
 }
 
-// ImageOptions say what SignImage signs and where the images are.
+// ImageOptions say what Image signs and where the images are.
 type ImageOptions struct {
 	// Source is the unsigned image (sign.unsignedImage, or the image a build pushed).
 	Source string
@@ -85,7 +85,7 @@ type ImageOptions struct {
 	Limits ImageLimits
 }
 
-// SignedFile is one file SignImage signed.
+// SignedFile is one file Image signed.
 type SignedFile struct {
 	// Path is the file's absolute path in the image.
 	Path string
@@ -93,7 +93,7 @@ type SignedFile struct {
 	Resigned bool
 }
 
-// ImageResult is what SignImage did.
+// ImageResult is what Image did.
 type ImageResult struct {
 	// Digest is the pushed image's manifest digest.
 	Digest v1.Hash
@@ -101,10 +101,10 @@ type ImageResult struct {
 	Files []SignedFile
 }
 
-// SignImage pulls o.Source, signs every file that o.FilesToSign matches with s, writes the signed
+// Image pulls o.Source, signs every file that o.FilesToSign matches with s, writes the signed
 // files as one new layer on top of the unsigned image's layers and pushes the result as o.Target.
 // The unsigned image's layers are not rewritten: a push to the same registry mounts them.
-func SignImage(ctx context.Context, s *Signer, o ImageOptions) (ImageResult, error) {
+func Image(ctx context.Context, s *Signer, o ImageOptions) (ImageResult, error) {
 	o.Limits = o.Limits.withDefaults()
 	patterns, err := compilePatterns(o.FilesToSign)
 	if err != nil {

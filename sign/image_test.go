@@ -121,7 +121,7 @@ func TestSignImage(t *testing.T) {
 	}
 	pushImage(t, host+"/kmod/unsigned:v1", unsigned)
 
-	res, err := SignImage(context.Background(), kp.signer(t, crypto.SHA256), ImageOptions{
+	res, err := Image(context.Background(), kp.signer(t, crypto.SHA256), ImageOptions{
 		Source: host + "/kmod/unsigned:v1", Target: host + "/kmod/signed:v1",
 		FilesToSign: []string{"/" + modDir + "*.ko", "/" + modDir + "[!x]?ko"},
 	})
@@ -193,11 +193,11 @@ func TestSignImageThroughMirror(t *testing.T) {
 		t.Fatal(err)
 	}
 	o := ImageOptions{Source: "origin.invalid/kmod/unsigned:v1", Target: host + "/kmod/signed:v1", FilesToSign: []string{"/" + modDir + "m.ko"}}
-	if _, err := SignImage(context.Background(), kp.signer(t, crypto.SHA256), o); ClassOf(err) != ClassPull {
+	if _, err := Image(context.Background(), kp.signer(t, crypto.SHA256), o); ClassOf(err) != ClassPull {
 		t.Fatalf("without the mirror: %v, want a pull failure", err)
 	}
 	o.Registries = registry.Sources{OperatorRegistriesConf: []string{conf}}
-	if _, err := SignImage(context.Background(), kp.signer(t, crypto.SHA256), o); err != nil {
+	if _, err := Image(context.Background(), kp.signer(t, crypto.SHA256), o); err != nil {
 		t.Fatal(err)
 	}
 	ref, _ := name.ParseReference(host + "/kmod/signed:v1")
@@ -246,7 +246,7 @@ func TestSignImageRefusals(t *testing.T) {
 		if c.o.Target == "" {
 			c.o.Target = host + "/kmod/signed:" + strings.ReplaceAll(n, " ", "-")
 		}
-		_, err := SignImage(context.Background(), kp.signer(t, crypto.SHA256), c.o)
+		_, err := Image(context.Background(), kp.signer(t, crypto.SHA256), c.o)
 		if ClassOf(err) != c.want {
 			t.Errorf("%s: %v (class %q), want class %q", n, err, ClassOf(err), c.want)
 		}

@@ -62,7 +62,7 @@ func Split(data []byte) (module, sig []byte, signed bool, err error) {
 		return nil, nil, false, errorf(ClassMalformedSignature, "%d bytes before the signature magic, fewer than its %d-byte trailer", len(body), InfoSize)
 	}
 	info := parseInfo(body[len(body)-InfoSize:])
-	if uint64(info.SigLen) >= uint64(len(body)-InfoSize) {
+	if int64(info.SigLen) >= int64(len(body)-InfoSize) {
 		return nil, nil, false, errorf(ClassMalformedSignature, "signature length %d does not fit the %d bytes before it", info.SigLen, len(body)-InfoSize)
 	}
 	if info.IDType != IDTypePKCS7 {

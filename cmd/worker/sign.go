@@ -117,7 +117,7 @@ func executeSign(ctx context.Context, f signFlags, log logr.Logger) contract.Res
 	if err != nil {
 		return signFailure(res, contract.ReasonImagePull, err)
 	}
-	out, err := sign.SignImage(ctx, s, sign.ImageOptions{
+	out, err := sign.Image(ctx, s, sign.ImageOptions{
 		Source:      cfg.UnsignedImage,
 		SourceTLS:   registry.ModuleTLS{Insecure: cfg.UnsignedImageRegistryTLS.Insecure, SkipVerify: cfg.UnsignedImageRegistryTLS.InsecureSkipTLSVerify},
 		Target:      cfg.Image,

@@ -1,7 +1,7 @@
 package vm
 
-// The signature test (sign_test.go, its init ./signinit): the modules it asks the kernel to load
-// with module.sig_enforce=1, in this order, as <step>.ko in SignModulesDir.
+// SignModulesDir is where the signature test (sign_test.go, its init ./signinit) puts the modules
+// it asks the kernel to load with module.sig_enforce=1, as <step>.ko, in SignSteps order.
 const SignModulesDir = "/sign-modules"
 
 // SignSteps are the modules of the signature test: dummy.ko without its signature, signed by kmm
