@@ -40,7 +40,7 @@ FUZZ_KEEP ?= 1
 # interleaving of FuzzModel cut by the deadline likewise.
 FUZZ_TARGETS := ./fsm:FuzzModel:30000x ./fsm:FuzzLabelKeys:20000x ./internal/kernel:FuzzParse:300000x ./internal/kernel:FuzzParseRange:300000x
 # Debian packages the tests need; installed by test/scripts/ensure-packages.sh when missing.
-TEST_PACKAGES := kmod gcc
+TEST_PACKAGES := kmod gcc openssl
 # Debian packages `make test-vm` needs besides the kernel, which it downloads into bin/vm-cache/.
 VM_TEST_PACKAGES := qemu-system-x86 kmod
 # Debian packages of `make e2e`: the real node's (docs/e2e.md), and gcc and kmod for its kmod images.
