@@ -38,7 +38,7 @@ FUZZ_KEEP ?= 1
 # each here): when the deadline of a -fuzztime duration falls while the fuzzer minimizes a new input,
 # Go reports "context deadline exceeded" as a failure (seen on FuzzLabelKeys), and a slow rapid
 # interleaving of FuzzModel cut by the deadline likewise.
-FUZZ_TARGETS := ./fsm:FuzzModel:30000x ./fsm:FuzzLabelKeys:20000x ./internal/kernel:FuzzParse:300000x ./internal/kernel:FuzzParseRange:300000x
+FUZZ_TARGETS := ./fsm:FuzzModel:30000x ./fsm:FuzzLabelKeys:20000x ./internal/kernel:FuzzParse:300000x ./internal/kernel:FuzzParseRange:300000x ./sign:FuzzSplit:100000x
 # Debian packages the tests need; installed by test/scripts/ensure-packages.sh when missing.
 TEST_PACKAGES := kmod gcc openssl
 # Debian packages `make test-vm` needs besides the kernel, which it downloads into bin/vm-cache/.
