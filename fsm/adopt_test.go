@@ -93,8 +93,8 @@ func TestAdoption(t *testing.T) {
 				return
 			}
 			if c.trigger == "" {
-				if len(r.Fired) != 0 || r.Plan.RequeueAfter != ForeignWait || r.Status.UpstreamBootID == "" {
-					t.Errorf("a waiting foreign record fired %v, requeue %v, record %+v", r.Fired, r.Plan.RequeueAfter, r.Status)
+				if len(r.Fired) != 0 || r.Plan.RequeueAfter != UpstreamWait || r.Status.UpstreamBootID == "" {
+					t.Errorf("a waiting upstream record fired %v, requeue %v, record %+v", r.Fired, r.Plan.RequeueAfter, r.Status)
 				}
 				return
 			}
