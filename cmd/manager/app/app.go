@@ -638,7 +638,7 @@ func setupControllers(mgr ctrl.Manager, o Options) error {
 	if err := (&upgrade.RolloutReconciler{Client: mgr.GetClient()}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the automatic rollout controller: %w", err)
 	}
-	pfv := &preflightcontroller.PreflightReconciler{
+	pfv := &preflightcontroller.Reconciler{
 		Client:      mgr.GetClient(),
 		APIReader:   mgr.GetAPIReader(),
 		Recorder:    mgr.GetEventRecorder("kmm-preflight"),
