@@ -4,6 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -11,20 +15,27 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/controllers/shared"
 	"github.com/kmm-project/kmm/fsm"
 	"github.com/kmm-project/kmm/internal/retry"
+	"github.com/kmm-project/kmm/internal/semantic"
 	"github.com/kmm-project/kmm/internal/validation"
 )
 
@@ -76,6 +87,179 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&kmmv1beta1.NodeModulesConfig{}, nmcEvents()).
 		WithOptions(controller.Options{RateLimiter: retry.Limiter()}).
 		Complete(r)
+}
+
+// StatusDelay is how long NMC changes gather before their Modules are reconciled again: a
+// Module's status counts every node, so one reconcile per NMC change (thousands while a Module
+// rolls out) would recompute it, and often write it, thousands of times. Module and Node changes
+// are not delayed.
+const StatusDelay = time.Second
+
+// nmcEvents enqueues the Modules an NMC names (before and after the change) StatusDelay
+// later; the queue merges the requests for a Module that wait.
+func nmcEvents() handler.Funcs {
+	add := func(q workqueue.TypedRateLimitingInterface[reconcile.Request], objs ...client.Object) {
+		for _, o := range objs {
+			for _, req := range modulesInNMC(context.Background(), o) {
+				q.AddAfter(req, StatusDelay)
+			}
+		}
+	}
+	return handler.Funcs{
+		CreateFunc: func(_ context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			add(q, e.Object)
+		},
+		UpdateFunc: func(_ context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			add(q, e.ObjectOld, e.ObjectNew)
+		},
+		DeleteFunc: func(_ context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			add(q, e.Object)
+		},
+		GenericFunc: func(_ context.Context, e event.GenericEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			add(q, e.Object)
+		},
+	}
+}
+
+// statusOnlyUpdate passes the Module updates that change nothing but its status (and the
+// resourceVersion): the controller's own status writes, mostly.
+func statusOnlyUpdate() predicate.Predicate {
+	return predicate.Funcs{
+		CreateFunc:  func(event.CreateEvent) bool { return false },
+		DeleteFunc:  func(event.DeleteEvent) bool { return false },
+		GenericFunc: func(event.GenericEvent) bool { return false },
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			o, n := e.ObjectOld, e.ObjectNew
+			oldRefs, newRefs := o.GetOwnerReferences(), n.GetOwnerReferences()
+			return o.GetGeneration() == n.GetGeneration() && o.GetDeletionTimestamp().Equal(n.GetDeletionTimestamp()) &&
+				maps.Equal(o.GetLabels(), n.GetLabels()) && maps.Equal(o.GetAnnotations(), n.GetAnnotations()) &&
+				slices.Equal(o.GetFinalizers(), n.GetFinalizers()) && semantic.Equal(&oldRefs, &newRefs)
+		},
+	}
+}
+
+// delayedStatusUpdates enqueues a Module whose status alone changed StatusDelay later, like
+// an NMC change: each status write would otherwise be followed at once by a reconcile that counts
+// the nodes again and, while pairs move, writes again (issue 22). A status someone else changed is
+// still put right, a second later.
+func delayedStatusUpdates() handler.Funcs {
+	return handler.Funcs{UpdateFunc: func(_ context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+		q.AddAfter(reconcile.Request{NamespacedName: client.ObjectKeyFromObject(e.ObjectNew)}, StatusDelay)
+	}}
+}
+
+// nodeLabelsOrKernelChanged drops Node updates that change neither labels nor the kernel.
+func nodeLabelsOrKernelChanged() predicate.Predicate {
+	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		o, n := e.ObjectOld.(*corev1.Node), e.ObjectNew.(*corev1.Node)
+		return !semantic.Equal(&o.Labels, &n.Labels) || o.Status.NodeInfo.KernelVersion != n.Status.NodeInfo.KernelVersion
+	}}
+}
+
+// nodeEvents enqueues the Modules a Node event concerns: for a new or deleted Node, every Module
+// selecting it (and every Module being deleted); for an update, only those nodeChangeRequests
+// names.
+func (r *Reconciler) nodeEvents() handler.Funcs {
+	add := func(q workqueue.TypedRateLimitingInterface[reconcile.Request], reqs []ctrl.Request) {
+		for _, req := range reqs {
+			q.Add(req)
+		}
+	}
+	whole := func(ctx context.Context, o client.Object, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+		if modules, ok := r.modules(ctx); ok {
+			add(q, nodeChangeRequests(modules, nil, o.GetLabels(), true))
+		}
+	}
+	return handler.Funcs{
+		CreateFunc: func(ctx context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			whole(ctx, e.Object, q)
+		},
+		DeleteFunc: func(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			whole(ctx, e.Object, q)
+		},
+		GenericFunc: func(ctx context.Context, e event.GenericEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			whole(ctx, e.Object, q)
+		},
+		UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			modules, ok := r.modules(ctx)
+			if !ok {
+				return
+			}
+			o, n := e.ObjectOld.(*corev1.Node), e.ObjectNew.(*corev1.Node)
+			add(q, nodeChangeRequests(modules, o.Labels, n.Labels, o.Status.NodeInfo.KernelVersion != n.Status.NodeInfo.KernelVersion))
+		},
+	}
+}
+
+// modules lists the cached Modules (their objects, not copies: only read).
+func (r *Reconciler) modules(ctx context.Context) ([]kmmv1beta1.Module, bool) {
+	modules := &kmmv1beta1.ModuleList{}
+	if err := r.Client.List(ctx, modules, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, false
+	}
+	return modules.Items, true
+}
+
+// nodeChangeRequests are the Modules a change of a Node's labels (from old to next; old nil for a
+// new or deleted Node, which concerns every Module selecting it) or of its kernel concerns: every
+// Module being deleted, every Module the change selects or deselects, and every Module selecting
+// the node when its kernel or a label changed — but for the labels the NMC controller writes for
+// kmm's pairs as they load and unload (kmmv1beta1.StateLabels: ready, version.ready,
+// device-plugin-ready). No Module decision reads those but through a selector, which the
+// selects/deselects test above still catches: fsm.DecideSpec reads the selector's labels and the
+// version-worker-pod label, the device plugin DaemonSets the version-device-plugin label
+// (fsm.KeepOldDevicePlugin), the Module's status only the decisions and the NMC statuses (whose
+// own events queue the Module). Each of them queued the Module again before (issue 22: 1,000 times
+// in a 1,000-node load for the ready label alone, and the reconcile reads every node and NMC).
+func nodeChangeRequests(modules []kmmv1beta1.Module, old, next map[string]string, kernelChanged bool) []ctrl.Request {
+	kmmWrites := make(map[string]bool, 3*len(modules))
+	for i := range modules {
+		for _, l := range kmmv1beta1.StateLabels(modules[i].Namespace, modules[i].Name) {
+			kmmWrites[l] = true
+		}
+	}
+	changed := old == nil || kernelChanged || labelsChangedBeyond(old, next, kmmWrites)
+	var out []ctrl.Request
+	for i := range modules {
+		m := &modules[i]
+		sel := labels.SelectorFromSet(m.Spec.Selector)
+		selects := sel.Matches(labels.Set(next))
+		if !m.DeletionTimestamp.IsZero() || (selects && changed) || (old != nil && selects != sel.Matches(labels.Set(old))) {
+			out = append(out, ctrl.Request{NamespacedName: types.NamespacedName{Namespace: m.Namespace, Name: m.Name}})
+		}
+	}
+	return out
+}
+
+// labelsChangedBeyond says whether a label other than those of ignore was added, removed or changed.
+func labelsChangedBeyond(old, next map[string]string, ignore map[string]bool) bool {
+	for k, v := range next {
+		if w, ok := old[k]; (!ok || w != v) && !ignore[k] {
+			return true
+		}
+	}
+	for k := range old {
+		if _, ok := next[k]; !ok && !ignore[k] {
+			return true
+		}
+	}
+	return false
+}
+
+func modulesInNMC(_ context.Context, o client.Object) []ctrl.Request {
+	nmc := o.(*kmmv1beta1.NodeModulesConfig)
+	set := map[types.NamespacedName]bool{}
+	for _, e := range nmc.Spec.Modules {
+		set[types.NamespacedName{Namespace: e.Namespace, Name: e.Name}] = true
+	}
+	for _, st := range nmc.Status.Modules {
+		set[types.NamespacedName{Namespace: st.Namespace, Name: st.Name}] = true
+	}
+	out := make([]ctrl.Request, 0, len(set))
+	for k := range set {
+		out = append(out, ctrl.Request{NamespacedName: k})
+	}
+	return out
 }
 
 // Reconcile writes the Module's NMC spec entries, its device plugin DaemonSet and its status, in
@@ -244,6 +428,100 @@ func (s *moduleScope) decide() {
 // nodeView is what the Module→NMC decision may see of a node: labels and kernel only.
 func nodeView(n *corev1.Node) fsm.NodeView {
 	return fsm.NodeView{Name: n.Name, Labels: n.Labels, KernelVersion: n.Status.NodeInfo.KernelVersion}
+}
+
+// SpecWriters is how many NMC entries one Module reconcile applies at once: every apply is a
+// round trip, and one Module may have thousands of nodes.
+const SpecWriters = 16
+
+// syncSpecs applies the Module's entry on each node whose decision changes it.
+func (r *Reconciler) syncSpecs(ctx context.Context, s *moduleScope, log logr.Logger) error {
+	var applies []func() error
+	for i := range s.nodes {
+		if write := r.entryWrite(ctx, s, &s.nodes[i], log); write != nil {
+			applies = append(applies, write)
+		}
+	}
+	return runConcurrently(applies, SpecWriters)
+}
+
+// entryWrite is the write of the Module's entry on node n its decision asks for (nil: none): by
+// apply, or through syncTakenOver on an NMC that holds, or held, what upstream KMM left.
+func (r *Reconciler) entryWrite(ctx context.Context, s *moduleScope, n *corev1.Node, log logr.Logger) func() error {
+	d := s.decisions[n.Name]
+	nmc := s.nmcs[n.Name]
+	current := nmc.SpecEntry(s.module.Namespace, s.module.Name)
+	changed := d.Action == fsm.SpecUpdate && (current == nil || !semantic.Equal(current, d.Entry))
+	switch {
+	case d.Action == fsm.SpecUpdate && needsTakeover(nmc, s.module):
+		log.Info("Taking over an NMC spec entry upstream KMM wrote", "node", n.Name, "image", d.Entry.Config.ContainerImage)
+		return func() error { return r.syncTakenOver(ctx, n.Name, n, s.module, d.Entry) }
+	case d.Action == fsm.SpecDelete && current != nil && (needsTakeover(nmc, s.module) || takenOver(nmc)):
+		log.Info("Removing NMC spec entry by patch (the NMC was taken over from upstream KMM)", "node", n.Name, "reason", d.Reason)
+		return func() error { return r.syncTakenOver(ctx, n.Name, n, s.module, nil) }
+	case changed && takenOver(nmc):
+		// The takeover's field manager may still own fields of the entry: they are released
+		// before the apply, so that a field the new entry drops goes (syncTakenOver).
+		log.Info("Writing NMC spec entry (the NMC was taken over from upstream KMM)", "node", n.Name, "image", d.Entry.Config.ContainerImage)
+		return func() error { return r.syncTakenOver(ctx, n.Name, n, s.module, d.Entry) }
+	case changed:
+		log.Info("Writing NMC spec entry", "node", n.Name, "image", d.Entry.Config.ContainerImage, "kernel", d.Entry.Config.KernelVersion)
+		return func() error { return r.applyEntry(ctx, n, s.module, d.Entry) }
+	case d.Action == fsm.SpecDelete && current != nil:
+		log.Info("Removing NMC spec entry", "node", n.Name, "reason", d.Reason)
+		return func() error { return r.applyEntry(ctx, n, s.module, nil) }
+	}
+	return nil
+}
+
+// runConcurrently runs fns, at most n at once, and joins their errors.
+func runConcurrently(fns []func() error, n int) error {
+	errs := make([]error, len(fns))
+	sem := make(chan struct{}, n)
+	var wg sync.WaitGroup
+	for i, fn := range fns {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			errs[i] = fn()
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// applyEntry server-side-applies the Module's entry (nil: none) to the node's NMC with a field
+// manager of its own: spec.modules is a list-map keyed by namespace and name, so entries of other
+// Modules are never touched, and applying no entry removes only this Module's.
+func (r *Reconciler) applyEntry(ctx context.Context, node *corev1.Node, m *kmmv1beta1.Module, e *kmmv1beta1.NodeModuleSpec) error {
+	modules := []any{}
+	if e != nil {
+		data, err := json.Marshal(e)
+		if err != nil {
+			return err
+		}
+		var obj map[string]any
+		if err := json.Unmarshal(data, &obj); err != nil {
+			return err
+		}
+		modules = append(modules, obj)
+	}
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": kmmv1beta1.GroupVersion.String(),
+		"kind":       "NodeModulesConfig",
+		"metadata": map[string]any{
+			"name": node.Name,
+			"ownerReferences": []any{map[string]any{
+				"apiVersion": "v1", "kind": "Node", "name": node.Name, "uid": string(node.UID),
+			}},
+		},
+		"spec": map[string]any{"modules": modules},
+	}}
+	owner := client.FieldOwner(shared.FieldManager(m.Namespace, m.Name))
+	if err := r.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), owner, client.ForceOwnership); err != nil {
+		return fmt.Errorf("applying the NMC entry of %s/%s on %s: %w", m.Namespace, m.Name, node.Name, err)
+	}
+	return nil
 }
 
 // releaseWhenUnloaded removes the finalizer of a deleted Module once no NMC has an entry for it,

@@ -8,12 +8,14 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/fsm"
@@ -287,4 +289,15 @@ func joinSorted(items []string) string {
 		items = append(items[:10], fmt.Sprintf("and %d more", len(items)-10))
 	}
 	return strings.Join(items, ", ")
+}
+
+// The Module side's metric (SPEC §8), registered on controller-runtime's registry and served on
+// the manager's metrics endpoint; the node side registers the others (package node).
+var pairsByState = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+	Name: "kmm_pairs",
+	Help: "Number of (node, module) pairs per Module and state.",
+}, []string{"namespace", "module", "state"})
+
+func init() {
+	metrics.Registry.MustRegister(pairsByState)
 }

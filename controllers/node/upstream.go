@@ -17,7 +17,6 @@ import (
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/controllers/shared"
-	"github.com/kmm-project/kmm/fsm"
 )
 
 // The node side of a takeover from upstream KMM (docs/migration.md): the facts an upstream record
@@ -98,23 +97,10 @@ func releaseUpstreamWorker(ctx context.Context, c client.Client, p *corev1.Pod) 
 	return nil
 }
 
-// hasUpstreamRecord says whether an NMC has a status entry upstream KMM left (fsm.UpstreamRecord).
-func hasUpstreamRecord(nmc *kmmv1beta1.NodeModulesConfig) bool {
-	for i := range nmc.Status.Modules {
-		if fsm.UpstreamRecord(&nmc.Status.Modules[i]) {
-			return true
-		}
-	}
-	return false
-}
-
-// gatherUpstream fills in, for a node with a record upstream left, which pairs still have a running
-// upstream worker pod, and releases the finished ones (their outcome is in upstream's record, or
-// missing from it, which kmm does not adopt).
+// gatherUpstream fills in, for a node with a record upstream left (gather asks hasUpstreamRecord),
+// which pairs still have a running upstream worker pod, and releases the finished ones (their
+// outcome is in upstream's record, or missing from it, which kmm does not adopt).
 func (r *NMCReconciler) gatherUpstream(ctx context.Context, f *nodeFacts) error {
-	if !hasUpstreamRecord(f.nmc) || r.APIReader == nil {
-		return nil
-	}
 	fresh := &kmmv1beta1.NodeModulesConfig{}
 	if err := r.APIReader.Get(ctx, client.ObjectKey{Name: f.nmc.Name}, fresh); err != nil {
 		return err

@@ -3,17 +3,89 @@ package shared
 import (
 	"context"
 	"encoding/json"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/contract"
+	"github.com/kmm-project/kmm/internal/retry"
 )
+
+// ConflictRetry turns a reconcile that failed only on optimistic-concurrency conflicts into a quiet
+// requeue. A conflict says the object changed since it was read: the next reconcile decides on fresh
+// facts. Returned as an error, controller-runtime would log each one as "Reconciler error", noise a
+// user reads as a failure. The retry still backs off, per object, with client-go's exponential
+// limiter (retry.BaseDelay doubling to retry.MaxDelay), forgotten on the next reconcile that ends otherwise.
+type ConflictRetry struct {
+	once    sync.Once
+	limiter workqueue.TypedRateLimiter[ctrl.Request]
+}
+
+// Result is what a reconcile that returned res and err returns to controller-runtime: a quiet,
+// backed-off requeue when err holds only conflicts, else res and err as they are.
+func (c *ConflictRetry) Result(ctx context.Context, req ctrl.Request, res ctrl.Result, err error) (ctrl.Result, error) {
+	c.once.Do(func() {
+		c.limiter = workqueue.NewTypedItemExponentialFailureRateLimiter[ctrl.Request](retry.BaseDelay, retry.MaxDelay)
+	})
+	if err != nil && onlyConflicts(err) {
+		after := c.limiter.When(req)
+		ctrl.LoggerFrom(ctx).V(1).Info("Conflict: the object changed since it was read; retrying", "after", after, "error", err.Error())
+		return ctrl.Result{RequeueAfter: after}, nil
+	}
+	c.limiter.Forget(req)
+	return res, err
+}
+
+// onlyConflicts says whether err, and every error joined into it, is a conflict.
+func onlyConflicts(err error) bool {
+	if joined, ok := err.(interface{ Unwrap() []error }); ok {
+		for _, e := range joined.Unwrap() {
+			if e != nil && !onlyConflicts(e) {
+				return false
+			}
+		}
+		return true
+	}
+	return apierrors.IsConflict(err)
+}
+
+// RefusedForGood says whether the API server refused an object for what it is (invalid, forbidden
+// by policy or quota, too large), not for a passing condition (throttling, a timeout, no connection).
+func RefusedForGood(err error) bool {
+	return apierrors.IsInvalid(err) || apierrors.IsForbidden(err) || apierrors.IsBadRequest(err) ||
+		apierrors.IsRequestEntityTooLargeError(err)
+}
+
+// IgnoreGone drops the error of a delete or patch whose target is gone (not found) or changed
+// since it was read (a conflict on its precondition): there is nothing left to do to it.
+func IgnoreGone(err error) error {
+	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+		return nil
+	}
+	return err
+}
+
+// PodReady says whether a pod's Ready condition is true (and it is not being deleted).
+func PodReady(p *corev1.Pod) bool {
+	if p.DeletionTimestamp != nil {
+		return false
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
 
 // What upstream KMM left, as both sides recognise it (docs/migration.md, "Words").
 const (
