@@ -12,7 +12,7 @@ import (
 	"github.com/kmm-project/kmm/internal/semantic"
 )
 
-// A switch from upstream Kernel Module Management (docs/migration.md) leaves NMC status entries kmm
+// A takeover from upstream Kernel Module Management (docs/migration.md) leaves NMC status entries kmm
 // never wrote: they have a config upstream's worker applied, upstream's boot ID and no state (kmm
 // always writes one). Such an upstream record is decided on first sight: adopted as Loaded without
 // a worker pod when it is exactly what kmm's spec wants in this boot, else handed to the normal

@@ -525,7 +525,7 @@ func (r *Reconciler) applyEntry(ctx context.Context, node *corev1.Node, m *kmmv1
 }
 
 // releaseWhenUnloaded removes the finalizer of a deleted Module once no NMC has an entry for it,
-// and upstream KMM's finalizer with it (after a switch from upstream no one else would).
+// and upstream KMM's finalizer with it (after a takeover no one else would).
 func (r *Reconciler) releaseWhenUnloaded(ctx context.Context, s *moduleScope, log logr.Logger) error {
 	m := s.module
 	if m.DeletionTimestamp.IsZero() ||

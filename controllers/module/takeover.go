@@ -23,7 +23,7 @@ import (
 	"github.com/kmm-project/kmm/fsm"
 )
 
-// A switch from upstream Kernel Module Management (docs/migration.md, issue 18) leaves objects kmm
+// A takeover from upstream Kernel Module Management (docs/migration.md, issue 18) leaves objects kmm
 // takes over here: NMC spec entries whose fields upstream's manager owns (spec.modules as one
 // atomic list, in upstream's schema), upstream's NMC labels, its worker pods with their finalizer,
 // and its finalizer on Modules. The decision about what is loaded is fsm's (fsm/adopt.go).
@@ -54,9 +54,9 @@ func kmmManaged(mf metav1.ManagedFieldsEntry) bool {
 		(strings.HasPrefix(mf.Manager, "kmm-module/") && mf.Operation == metav1.ManagedFieldsOperationApply)
 }
 
-// foreignOwned says whether someone else than kmm owns fields of the NMC's spec or metadata:
-// upstream's manager after a switch, or a "before-first-apply" the API server made of them.
-func foreignOwned(nmc *kmmv1beta1.NodeModulesConfig) bool {
+// ownedBeyondKMM says whether someone else than kmm owns fields of the NMC's spec or metadata:
+// upstream's manager after a takeover, or a "before-first-apply" the API server made of them.
+func ownedBeyondKMM(nmc *kmmv1beta1.NodeModulesConfig) bool {
 	if nmc == nil {
 		return false
 	}
@@ -106,10 +106,10 @@ func takenOver(nmc *kmmv1beta1.NodeModulesConfig) bool {
 }
 
 // takeOverNeeded says, from the NMC as stored, whether the Module's entry needs the takeover patch:
-// its manager did not apply it, or a foreign manager still owns fields of the NMC (upstream's atomic
+// its manager did not apply it, or a manager other than kmm's still owns fields of the NMC (upstream's atomic
 // ownership of spec.modules makes entry removals fail).
 func takeOverNeeded(nmc *kmmv1beta1.NodeModulesConfig, m *kmmv1beta1.Module) bool {
-	return !shared.AppliedBy(nmc, shared.FieldManager(m.Namespace, m.Name)) || foreignOwned(nmc)
+	return !shared.AppliedBy(nmc, shared.FieldManager(m.Namespace, m.Name)) || ownedBeyondKMM(nmc)
 }
 
 // syncTakenOver writes the Module's entry (nil: removes it) on a node whose NMC may hold what
@@ -225,7 +225,7 @@ func withoutEntry(raw []byte, namespace, name string) ([]byte, bool, error) {
 }
 
 // takeOver rewrites the Module's entry on the NMC as kmm decided it (nil: removes it) with one JSON
-// merge patch guarded by the resourceVersion, which also drops every foreign managedFields entry and
+// merge patch guarded by the resourceVersion, which also drops every managedFields entry not kmm's and
 // upstream's NMC labels. A patch replaces the entry whole, so nothing upstream put in it stays (a
 // server-side apply would leave fields no one owns); the Module's apply that follows takes
 // ownership of the entry, so that its later applies, and its removal, work as for any kmm entry.

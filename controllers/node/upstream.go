@@ -26,7 +26,7 @@ import (
 // upstreamDevicePluginsBeforeUnload reads, only when the decision is about to create an unload
 // (or reload) pod, upstream KMM's device plugin pods on the node (uncached): a pod of the unloading pair's
 // Module counts as its running device plugin, so the pair drains it first (invariant 6 across a
-// switch from upstream). It says whether the pairs must be decided again with that fact.
+// takeover). It says whether the pairs must be decided again with that fact.
 func (r *NMCReconciler) upstreamDevicePluginsBeforeUnload(ctx context.Context, f *nodeFacts, outcomes []pairOutcome) (bool, error) {
 	if r.APIReader == nil || !slices.ContainsFunc(outcomes, plansUnload) {
 		return false, nil
