@@ -20,7 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
-	"github.com/kmm-project/kmm/controllers"
+	"github.com/kmm-project/kmm/controllers/module"
 	"github.com/kmm-project/kmm/fsm"
 	"github.com/kmm-project/kmm/test/testbed"
 )
@@ -51,7 +51,7 @@ func TestLoadOnThreeNodes(t *testing.T) {
 			fmt.Sprintf("status %+v conditions %+v", got.Status.ModuleLoader, got.Status.Conditions)
 	})
 	ds := &appsv1.DaemonSet{}
-	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: tb.NS, Name: controllers.DevicePluginName(m)}, ds); err != nil {
+	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: tb.NS, Name: module.DevicePluginName(m)}, ds); err != nil {
 		t.Fatalf("device plugin DaemonSet: %v", err)
 	}
 	if _, ok := ds.Spec.Template.Spec.NodeSelector[kmmv1beta1.ReadyLabel(tb.NS, "nic")]; !ok || ds.Spec.Template.Spec.Containers[0].Image != "reg.example.com/nic-dp:1" {

@@ -12,7 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
-	"github.com/kmm-project/kmm/controllers"
+	"github.com/kmm-project/kmm/controllers/module"
 	"github.com/kmm-project/kmm/internal/semantic"
 	"github.com/kmm-project/kmm/test/testbed"
 )
@@ -84,7 +84,7 @@ func TestModuleStatusWrittenAtMostOncePerSecond(t *testing.T) {
 		defer mu.Unlock()
 		return last != nil && meta.IsStatusConditionTrue(last.Conditions, kmmv1beta1.ConditionReady), "the Module Ready"
 	})
-	time.Sleep(2 * controllers.ModuleStatusDelay) // any write still to come
+	time.Sleep(2 * module.StatusDelay) // any write still to come
 	mu.Lock()
 	defer mu.Unlock()
 	assertStatusWritesSpaced(t, writes, len(tb.Nodes))
@@ -96,7 +96,7 @@ func assertStatusWritesSpaced(t *testing.T, writes []statusWrite, nodes int) {
 	t.Helper()
 	for i := 1; i < len(writes); i++ {
 		prev, cur := writes[i-1], writes[i]
-		if gap := cur.at.Sub(prev.at); gap < controllers.ModuleStatusDelay/2 && prev.summary == cur.summary {
+		if gap := cur.at.Sub(prev.at); gap < module.StatusDelay/2 && prev.summary == cur.summary {
 			t.Errorf("status writes %d and %d only %v apart with the same summary %q (%q, then %q)",
 				i-1, i, gap.Round(time.Millisecond), cur.summary, prev.ready, cur.ready)
 		}

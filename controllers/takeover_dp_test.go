@@ -23,7 +23,7 @@ import (
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/cmd/manager/app"
 	"github.com/kmm-project/kmm/contract"
-	"github.com/kmm-project/kmm/controllers"
+	"github.com/kmm-project/kmm/controllers/module"
 	"github.com/kmm-project/kmm/fsm"
 	"github.com/kmm-project/kmm/test/testbed"
 )
@@ -219,7 +219,7 @@ func TestTakeoverHandsOverDevicePlugin(t *testing.T) {
 	tb := cluster.NewBed(t, 3, testbed.KernelA)
 	m := tb.VersionedModule("nic", "v1")
 	m.Spec.DevicePlugin = &kmmv1beta1.DevicePluginSpec{Container: kmmv1beta1.DevicePluginContainerSpec{Image: "reg.example.com/nic-dp:v1"}}
-	m.Finalizers = []string{controllers.UpstreamModuleFinalizer}
+	m.Finalizers = []string{module.UpstreamModuleFinalizer}
 	w := watchTakeover(t, tb, "nic")
 	cov := watchDevicePluginCoverage(t, tb, "nic")
 	ns := tb.NS

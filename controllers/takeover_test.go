@@ -21,7 +21,7 @@ import (
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/cmd/manager/app"
 	"github.com/kmm-project/kmm/contract"
-	"github.com/kmm-project/kmm/controllers"
+	"github.com/kmm-project/kmm/controllers/module"
 	"github.com/kmm-project/kmm/fsm"
 	"github.com/kmm-project/kmm/test/testbed"
 )
@@ -172,7 +172,7 @@ func TestTakeoverFromUpstream(t *testing.T) {
 	ctx := context.Background()
 	tb := cluster.NewBed(t, 3, testbed.KernelA)
 	m := tb.Module("nic")
-	m.Finalizers = []string{controllers.UpstreamModuleFinalizer}
+	m.Finalizers = []string{module.UpstreamModuleFinalizer}
 	w := watchTakeover(t, tb, "nic")
 	for _, n := range tb.Nodes {
 		leaveAsUpstream(t, tb, upstreamNode{name: n, entry: decidedEntry(t, tb, m, n, testbed.KernelA), bootID: node.BootID(n), loaded: true})
@@ -219,7 +219,7 @@ func TestTakeoverFromUpstream(t *testing.T) {
 			for k := range nmc.Labels {
 				return false, fmt.Sprintf("NMC %s keeps label %s", n, k)
 			}
-			if nmc.Annotations[controllers.TakenOverAnnotation] == "" {
+			if nmc.Annotations[module.TakenOverAnnotation] == "" {
 				return false, fmt.Sprintf("NMC %s lacks the taken-over annotation", n)
 			}
 			for _, mf := range nmc.ManagedFields {
@@ -452,7 +452,7 @@ func TestTakeoverRemovesOrphanedEntry(t *testing.T) {
 	if elapsed := time.Since(start); elapsed < 2*time.Second {
 		t.Errorf("removed after %v, before the grace", elapsed)
 	}
-	cluster.AssertEvents(t, metav1.NamespaceDefault, controllers.ReasonOrphanedEntryRemoved)
+	cluster.AssertEvents(t, metav1.NamespaceDefault, module.ReasonOrphanedEntryRemoved)
 	created, _ := w.snapshot()
 	if want := map[string]int{n + " unload": 1}; fmt.Sprint(created) != fmt.Sprint(want) {
 		t.Errorf("worker pods %v, want %v", created, want)

@@ -16,7 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
-	"github.com/kmm-project/kmm/controllers"
+	"github.com/kmm-project/kmm/controllers/module"
 	"github.com/kmm-project/kmm/test/testbed"
 )
 
@@ -132,7 +132,7 @@ func TestDevicePluginOnlyModule(t *testing.T) {
 
 	ds := &appsv1.DaemonSet{}
 	testbed.Eventually(t, 30*time.Second, func() (bool, string) {
-		if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: tb.NS, Name: controllers.DevicePluginName(m)}, ds); err != nil {
+		if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: tb.NS, Name: module.DevicePluginName(m)}, ds); err != nil {
 			return false, err.Error()
 		}
 		return ds.Status.NumberAvailable == 2, fmt.Sprintf("device plugin DaemonSet status %+v", ds.Status)

@@ -12,25 +12,27 @@ import (
 	"github.com/kmm-project/kmm/internal/semantic"
 )
 
-// A switch from upstream Kernel Module Management (docs/migration.md) leaves NMC status entries kmm
+// A takeover from upstream Kernel Module Management (docs/migration.md) leaves NMC status entries kmm
 // never wrote: they have a config upstream's worker applied, upstream's boot ID and no state (kmm
-// always writes one). Such a foreign record is taken over on first sight: adopted as Loaded without
+// always writes one). Such an upstream record is decided on first sight: adopted as Loaded without
 // a worker pod when it is exactly what kmm's spec wants in this boot, else handed to the normal
 // rules (a reload after a reboot, an unload first when the config differs).
 
-// ForeignWait is how often a foreign record that must wait (an upstream worker pod still on the
+// UpstreamWait is how often an upstream record that must wait (an upstream worker pod still on the
 // node, or a spec entry not yet written by kmm) is looked at again: upstream's pods are not watched.
-const ForeignWait = 5 * time.Second
+const UpstreamWait = 5 * time.Second
 
-// foreignRecord says whether a status entry was written by another operator: a config and no state.
-func foreignRecord(st *kmmv1beta1.NodeModuleStatus) bool {
+// UpstreamRecord says whether a status entry is one upstream KMM left (an upstream record): a config
+// and no state, which kmm never writes. The controllers ask it too, to read upstream's objects only
+// for NMCs that hold one.
+func UpstreamRecord(st *kmmv1beta1.NodeModuleStatus) bool {
 	return st.State == "" && st.Config != nil && len(st.Transitions) == 0
 }
 
-// foreignMustWait says why a foreign record cannot be decided on yet ("" when it can): an upstream
+// upstreamMustWait says why an upstream record cannot be decided on yet ("" when it can): an upstream
 // worker pod of the pair may still change what is loaded, and a spec entry upstream wrote is not
 // kmm's decision (the Module→NMC controller rewrites it first).
-func (f *Facts) foreignMustWait() string {
+func (f *Facts) upstreamMustWait() string {
 	switch {
 	case f.UpstreamWorkerPresent:
 		return "waiting for upstream KMM's worker pod of this module to finish"
@@ -40,11 +42,11 @@ func (f *Facts) foreignMustWait() string {
 	return ""
 }
 
-// normalizeForeign rewrites a foreign record in kmm's terms: upstream's insecurePull is
+// normalizeUpstream rewrites an upstream record in kmm's terms: upstream's insecurePull is
 // registryTLS.insecure, its single inTreeModuleToRemove one of inTreeModulesToRemove, its entry
 // version the config's, its bootId kmm's bootID; a config that loads what spec loads is spelled as
 // spec spells it, so that the rules see no change where there is none.
-func normalizeForeign(st *kmmv1beta1.NodeModuleStatus, spec *kmmv1beta1.NodeModuleSpec) {
+func normalizeUpstream(st *kmmv1beta1.NodeModuleStatus, spec *kmmv1beta1.NodeModuleSpec) {
 	c := st.Config
 	if c.InsecurePull {
 		c.RegistryTLS.Insecure = true
@@ -65,11 +67,11 @@ func normalizeForeign(st *kmmv1beta1.NodeModuleStatus, spec *kmmv1beta1.NodeModu
 	}
 }
 
-// adoptable says whether the pair's foreign record (normalized) is what kmm's spec entry wants on
+// adoptable says whether the pair's upstream record (normalized) is what kmm's spec entry wants on
 // the node's current kernel, recorded in the node's current boot: then the module is loaded as kmm
 // would have loaded it, and no worker is needed.
 func (f *Facts) adoptable() bool {
-	if !f.foreign || f.Spec == nil || !f.specKernelMatches() || f.Worker.Phase == PodRunning {
+	if !f.fromUpstream || f.Spec == nil || !f.specKernelMatches() || f.Worker.Phase == PodRunning {
 		return false
 	}
 	if f.Status.BootID == "" || f.Status.BootID != f.Node.BootID {

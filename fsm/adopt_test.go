@@ -93,8 +93,8 @@ func TestAdoption(t *testing.T) {
 				return
 			}
 			if c.trigger == "" {
-				if len(r.Fired) != 0 || r.Plan.RequeueAfter != ForeignWait || r.Status.UpstreamBootID == "" {
-					t.Errorf("a waiting foreign record fired %v, requeue %v, record %+v", r.Fired, r.Plan.RequeueAfter, r.Status)
+				if len(r.Fired) != 0 || r.Plan.RequeueAfter != UpstreamWait || r.Status.UpstreamBootID == "" {
+					t.Errorf("a waiting upstream record fired %v, requeue %v, record %+v", r.Fired, r.Plan.RequeueAfter, r.Status)
 				}
 				return
 			}
@@ -114,5 +114,26 @@ func TestAdoption(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestUpstreamRecord: only an entry with a config, no state and no transition log is one upstream
+// KMM left; whatever kmm wrote has a state (and every step of kmm's records a transition).
+func TestUpstreamRecord(t *testing.T) {
+	cfg := &entry(k1, "reg/m:1", "").Config
+	cases := []struct {
+		name string
+		st   kmmv1beta1.NodeModuleStatus
+		want bool
+	}{
+		{"upstream's: a config, no state, no log", upstreamRecord(entry(k1, "reg/m:1", ""), "b1"), true},
+		{"kmm's: a state", kmmv1beta1.NodeModuleStatus{State: Loaded, Config: cfg}, false},
+		{"kmm's, state lost: a transition log", kmmv1beta1.NodeModuleStatus{Config: cfg, Transitions: []kmmv1beta1.Transition{{From: Absent, To: Loading}}}, false},
+		{"no config: nothing loaded to decide on", kmmv1beta1.NodeModuleStatus{}, false},
+	}
+	for _, c := range cases {
+		if got := UpstreamRecord(&c.st); got != c.want {
+			t.Errorf("%s: UpstreamRecord = %v, want %v", c.name, got, c.want)
+		}
 	}
 }

@@ -61,7 +61,7 @@ func guardFactCombinations() []*Facts {
 		if upstreamRecord {
 			// A record upstream KMM left (adopt.go), of what the spec loads, in the node's boot.
 			cfg := f.Spec.Config
-			f.Status.Config, f.Status.BootID, f.Node.BootID, f.foreign = &cfg, "b", "b", true
+			f.Status.Config, f.Status.BootID, f.Node.BootID, f.fromUpstream = &cfg, "b", "b", true
 		}
 		if reload {
 			// An image bump a reload worker may make (reloadable), unless a device plugin runs.

@@ -46,8 +46,8 @@ type Facts struct {
 	// manager owns it); an entry upstream KMM left is not kmm's decision yet.
 	SpecWrittenByKMM bool
 
-	// foreign is set by Step: the status entry was another operator's record when the step began.
-	foreign bool
+	// fromUpstream is set by Step: the status entry was an upstream record when the step began.
+	fromUpstream bool
 }
 
 // CreateRefusal is a worker pod the API server would not create (invalid, forbidden, too large), or

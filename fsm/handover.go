@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// After a switch from upstream Kernel Module Management, upstream's device plugin DaemonSets (owned
+// After a takeover from upstream Kernel Module Management, upstream's device plugin DaemonSets (owned
 // by the Module, docs/migration.md) still run beside kmm's. They are handed over so that no node
 // with the module loaded is ever without a device plugin pod: kmm's DaemonSet runs first (both
 // select the same nodes, by the module's ready label), and upstream's is deleted only once kmm's

@@ -77,7 +77,7 @@ func NodeLabels(f LabelFacts) NodeLabelSet {
 	}
 	for _, p := range f.Pairs {
 		ns, name, _ := strings.Cut(p.Key, "/")
-		if undecidedForeign(p.Result) {
+		if undecidedUpstream(p.Result) {
 			for _, l := range kmmv1beta1.StateLabels(ns, name) {
 				delete(want, l)
 			}
@@ -106,9 +106,9 @@ func NodeLabels(f LabelFacts) NodeLabelSet {
 	return out
 }
 
-// undecidedForeign says whether the pair is a record upstream KMM left that Step has not decided on
+// undecidedUpstream says whether the pair is a record upstream KMM left that Step has not decided on
 // yet (it stays without a state): its labels stay as upstream set them.
-func undecidedForeign(r *Result) bool {
+func undecidedUpstream(r *Result) bool {
 	return r.Status != nil && r.Status.State == ""
 }
 

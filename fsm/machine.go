@@ -68,7 +68,7 @@ const (
 	// is requested any more, or the worker-pod label is at the target and still no entry exists.
 	UpgradeAbandoned Trigger = "UpgradeAbandoned"
 	// Adopted: upstream KMM recorded the spec's config as loaded on this kernel in this boot (a
-	// switch from upstream, docs/migration.md): kmm takes it as loaded, without a worker.
+	// takeover, docs/migration.md): kmm takes it as loaded, without a worker.
 	Adopted Trigger = "Adopted"
 )
 

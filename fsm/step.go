@@ -67,13 +67,13 @@ type WorkerIntent struct {
 // the status entry, and plans the side effects of the resulting state.
 func Step(f Facts) Result {
 	st := *f.Status.DeepCopy()
-	if foreignRecord(&st) {
-		if why := f.foreignMustWait(); why != "" {
+	if UpstreamRecord(&st) {
+		if why := f.upstreamMustWait(); why != "" {
 			// Nothing is decided, so nothing is recorded: the entry stays upstream's until it can be.
-			return Result{Status: &st, Plan: Plan{Waiting: why, RequeueAfter: ForeignWait}}
+			return Result{Status: &st, Plan: Plan{Waiting: why, RequeueAfter: UpstreamWait}}
 		}
-		f.foreign = true
-		normalizeForeign(&st, f.Spec)
+		f.fromUpstream = true
+		normalizeUpstream(&st, f.Spec)
 	}
 	if st.State == "" {
 		st.State = Absent

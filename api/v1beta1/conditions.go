@@ -28,7 +28,7 @@ const (
 	// entry, the device plugin DaemonSet) for what it is (invalid, forbidden, too large); the
 	// message quotes it. Retried on every change, with back-off.
 	ReasonObjectRefused = "ObjectRefused"
-	// ReasonDevicePluginHandoverStuck: after a switch from upstream KMM, kmm's device plugin has not
+	// ReasonDevicePluginHandoverStuck: after a takeover from upstream KMM, kmm's device plugin has not
 	// been Ready, for longer than the handover timeout, on some node upstream KMM's device plugin
 	// serves (the message names them); upstream's DaemonSet is kept until it is.
 	ReasonDevicePluginHandoverStuck = "DevicePluginHandoverStuck"

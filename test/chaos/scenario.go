@@ -15,7 +15,7 @@ import (
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/contract"
-	"github.com/kmm-project/kmm/controllers"
+	modulectrl "github.com/kmm-project/kmm/controllers/module"
 )
 
 // The phases of a round.
@@ -313,7 +313,7 @@ func (h *harness) devicePluginsMissing(pods []corev1.Pod, version string) []stri
 	for i := range h.o.Modules {
 		m := module(i)
 		m.Spec.ModuleLoader.Container.Version = version
-		ds := controllers.DevicePluginName(m)
+		ds := modulectrl.DevicePluginName(m)
 		for _, n := range h.nodes {
 			if !running[n+"/"+ds] {
 				out = append(out, "device plugin "+ds+" not running on "+n)

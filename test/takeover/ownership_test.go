@@ -21,7 +21,7 @@ import (
 // the config (the config itself is atomic: replaced whole), and
 // applying no entry, the removal, is refused with "spec.modules ... must be of type array" (the list
 // would go to null). That is why kmm removes and rewrites the entries of such an NMC with a JSON
-// merge patch that replaces spec.modules whole and drops the foreign managedFields
+// merge patch that replaces spec.modules whole and drops upstream's managedFields
 // (controllers/takeover.go, takeOver; controllers/takeover_test.go runs it end to end with this
 // ownership): the second half checks that, after such a patch, apply and removal work.
 func TestUpstreamOwnershipBreaksApplyRemoval(t *testing.T) {
@@ -62,7 +62,7 @@ func TestUpstreamOwnershipBreaksApplyRemoval(t *testing.T) {
 	}
 	t.Logf("reproduced: %v", err)
 
-	// What kmm's takeover patch does instead: spec.modules whole, foreign managedFields dropped
+	// What kmm's takeover patch does instead: spec.modules whole, upstream's managedFields dropped
 	// (one entry of kmm's own kept, so the list is never empty), resourceVersion-guarded.
 	nmc := get()
 	patch, _ := json.Marshal(map[string]any{

@@ -41,7 +41,9 @@ import (
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/contract"
-	"github.com/kmm-project/kmm/controllers"
+	"github.com/kmm-project/kmm/controllers/module"
+	"github.com/kmm-project/kmm/controllers/node"
+	preflightcontroller "github.com/kmm-project/kmm/controllers/preflight"
 	"github.com/kmm-project/kmm/fsm"
 	"github.com/kmm-project/kmm/internal/certs"
 	kmmwebhook "github.com/kmm-project/kmm/internal/webhook"
@@ -91,7 +93,7 @@ type Options struct {
 	// WorkerImage is the image of the worker pods.
 	WorkerImage string
 	// WorkerDryRunSandbox, when set, makes every worker pod a dry run (modprobe -n) against this
-	// host directory instead of the node's root (controllers.WorkerPodOptions): for hosts whose
+	// host directory instead of the node's root (node.WorkerPodOptions): for hosts whose
 	// kernel cannot load modules, such as demos and CI. Never on a cluster whose nodes should load
 	// anything: a dry run loads nothing and still reports Loaded.
 	WorkerDryRunSandbox string
@@ -101,7 +103,7 @@ type Options struct {
 	FirmwareHostPath     string
 	SetFirmwareClassPath bool
 	// WorkerRegistry is the registry configuration worker pods pull with (docs/registries.md).
-	WorkerRegistry controllers.WorkerRegistryOptions
+	WorkerRegistry node.WorkerRegistryOptions
 	// NMCConcurrency is how many nodes the NMC controller reconciles at once.
 	NMCConcurrency int
 	// SecretsClusterWide says how the operator may read the Modules' pull secrets: through a
@@ -151,7 +153,7 @@ func DefaultOptions() Options {
 		OrphanGrace:           fsm.DefaultOrphanGrace,
 		// kmm's default suits image-based OSes where /lib is read-only; upstream KMM's is
 		// --firmware-host-path=/lib/firmware --set-firmware-class-path=false.
-		FirmwareHostPath:     controllers.FirmwareHostPath,
+		FirmwareHostPath:     node.FirmwareHostPath,
 		SetFirmwareClassPath: true,
 		SecretsClusterWide:   true,
 	}
@@ -606,17 +608,17 @@ func stripNode(obj any) (any, error) {
 // setupControllers registers the Module→NMC, NMC, version label, rollout and PreflightValidation
 // controllers.
 func setupControllers(mgr ctrl.Manager, o Options) error {
-	module := &controllers.ModuleReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder("kmm-module"),
+	modules := &module.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder("kmm-module"),
 		HandoverTimeout: o.HandoverTimeout, OrphanGrace: o.OrphanGrace}
-	if err := module.SetupWithManager(mgr); err != nil {
+	if err := modules.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the Module controller: %w", err)
 	}
-	nmc := &controllers.NMCReconciler{
+	nmc := &node.NMCReconciler{
 		Client:    mgr.GetClient(),
 		APIReader: mgr.GetAPIReader(),
 		Recorder:  mgr.GetEventRecorder("kmm-nmc"),
 		Clock:     clock.RealClock{},
-		Worker: controllers.WorkerPodOptions{
+		Worker: node.WorkerPodOptions{
 			Image:                  o.WorkerImage,
 			DryRunSandbox:          o.WorkerDryRunSandbox,
 			FirmwareHostPath:       o.FirmwareHostPath,
@@ -636,7 +638,7 @@ func setupControllers(mgr ctrl.Manager, o Options) error {
 	if err := (&upgrade.RolloutReconciler{Client: mgr.GetClient()}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the automatic rollout controller: %w", err)
 	}
-	pfv := &controllers.PreflightReconciler{
+	pfv := &preflightcontroller.Reconciler{
 		Client:      mgr.GetClient(),
 		APIReader:   mgr.GetAPIReader(),
 		Recorder:    mgr.GetEventRecorder("kmm-preflight"),

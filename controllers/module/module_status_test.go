@@ -1,4 +1,4 @@
-package controllers
+package module
 
 import (
 	"context"
@@ -150,7 +150,7 @@ func TestStatusWriteWait(t *testing.T) {
 }
 
 func TestModuleStatusOnlyUpdatesAreDelayed(t *testing.T) {
-	m := &kmmv1beta1.Module{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "m", Generation: 1, Finalizers: []string{ModuleFinalizer}}}
+	m := &kmmv1beta1.Module{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "m", Generation: 1, Finalizers: []string{Finalizer}}}
 	statusOnly := m.DeepCopy()
 	statusOnly.Status.ObservedGeneration = 1
 	statusOnly.ResourceVersion = "2"
@@ -178,11 +178,11 @@ func TestModuleStatusOnlyUpdatesAreDelayed(t *testing.T) {
 	if q.Len() != 0 {
 		t.Fatal("a status-only update was queued at once")
 	}
-	deadline := time.Now().Add(5 * ModuleStatusDelay)
+	deadline := time.Now().Add(5 * StatusDelay)
 	for q.Len() == 0 && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	if q.Len() != 1 {
-		t.Fatalf("the delayed request was not queued within %v", 5*ModuleStatusDelay)
+		t.Fatalf("the delayed request was not queued within %v", 5*StatusDelay)
 	}
 }

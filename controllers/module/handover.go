@@ -1,8 +1,7 @@
-package controllers
+package module
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -10,23 +9,17 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/selection"
-	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/contract"
+	"github.com/kmm-project/kmm/controllers/shared"
 	"github.com/kmm-project/kmm/fsm"
 )
 
 // The handover of upstream KMM's device plugin DaemonSets (fsm/handover.go decides): upstream
 // creates one per Module (and version), named <module>-device-plugin-<random>, labelled with its
 // module name label, controlled by the Module, its pods holding upstream's node-labeler finalizer.
-
-// upstreamDevicePluginFinalizer is the finalizer upstream KMM puts on its device plugin pods; with
-// upstream stopped, kmm releases it once the pod is being deleted.
-const upstreamDevicePluginFinalizer = "kmm.node.kubernetes.io/node-labeler"
 
 // HandoverPoll is how often a Module whose upstream device plugin DaemonSets still exist is looked at
 // again: upstream's pods are not in kmm's cache, so their changes do not wake it.
@@ -38,9 +31,9 @@ const HandoverStuckPoll = 30 * time.Second
 
 // upstreamDevicePluginSets lists upstream KMM's device plugin DaemonSets of m (from the cache:
 // the Module controller owns DaemonSets): upstream's module name label, controlled by m, not kmm's.
-func (r *ModuleReconciler) upstreamDevicePluginSets(ctx context.Context, m *kmmv1beta1.Module) ([]appsv1.DaemonSet, error) {
+func (r *Reconciler) upstreamDevicePluginSets(ctx context.Context, m *kmmv1beta1.Module) ([]appsv1.DaemonSet, error) {
 	list := &appsv1.DaemonSetList{}
-	if err := r.Client.List(ctx, list, client.InNamespace(m.Namespace), client.MatchingLabels{upstreamModuleNameLabel: m.Name}); err != nil {
+	if err := r.Client.List(ctx, list, client.InNamespace(m.Namespace), client.MatchingLabels{shared.UpstreamModuleNameLabel: m.Name}); err != nil {
 		return nil, err
 	}
 	var out []appsv1.DaemonSet
@@ -52,36 +45,13 @@ func (r *ModuleReconciler) upstreamDevicePluginSets(ctx context.Context, m *kmmv
 	return out, nil
 }
 
-// upstreamDevicePluginPod says whether p is a pod of upstream KMM's device plugin: a DaemonSet's
-// pod with upstream's module name label, not a worker and not kmm's.
-func upstreamDevicePluginPod(p *corev1.Pod) bool {
-	if p.Labels[contract.LabelManagedBy] == contract.ManagedBy || p.Labels[upstreamWorkerActionLabel] != "" {
-		return false
-	}
-	ref := metav1.GetControllerOf(p)
-	return ref != nil && ref.Kind == "DaemonSet" && p.Labels[upstreamModuleNameLabel] != ""
-}
-
-// upstreamPodSelector selects pods that carry upstream's module name label (named: one Module's).
-func upstreamPodSelector(name string) (labels.Selector, error) {
-	op, values := selection.Exists, []string(nil)
-	if name != "" {
-		op, values = selection.Equals, []string{name}
-	}
-	req, err := labels.NewRequirement(upstreamModuleNameLabel, op, values)
-	if err != nil {
-		return nil, err
-	}
-	return labels.NewSelector().Add(*req), nil
-}
-
 // handOverDevicePlugin hands the Module's device plugin over from upstream KMM's DaemonSets to
 // kmm's: it gathers where each runs, decides (fsm.DecideHandover), deletes upstream's DaemonSets in
 // the foreground when the decision says so (the DaemonSet stays, being deleted, until its pods are
 // gone, so a restarted kmm still finds it) and releases the finalizer of upstream's pods being
 // deleted. It says whether upstream's DaemonSets are still there (the Module is looked at again);
 // the scope gets which nodes wait and why, and past the handover timeout that the handover is stuck.
-func (r *ModuleReconciler) handOverDevicePlugin(ctx context.Context, s *moduleScope) (bool, error) {
+func (r *Reconciler) handOverDevicePlugin(ctx context.Context, s *moduleScope) (bool, error) {
 	m := s.module
 	sets, err := r.upstreamDevicePluginSets(ctx, m)
 	if err != nil || len(sets) == 0 {
@@ -100,7 +70,7 @@ func (r *ModuleReconciler) handOverDevicePlugin(ctx context.Context, s *moduleSc
 	for i := range pods {
 		p := &pods[i]
 		if p.DeletionTimestamp != nil {
-			errs = append(errs, releaseUpstreamDevicePluginPod(ctx, r.Client, p))
+			errs = append(errs, shared.ReleaseUpstreamDevicePluginPod(ctx, r.Client, p))
 		} else if p.Spec.NodeName != "" {
 			facts.UpstreamNodes = append(facts.UpstreamNodes, p.Spec.NodeName)
 		}
@@ -134,8 +104,8 @@ func later(a, b time.Time) time.Time {
 
 // upstreamDevicePluginPods lists the pods of upstream's device plugin of m, uncached (kmm's cache
 // holds only its own pods); it is called only while upstream's DaemonSets of m exist.
-func (r *ModuleReconciler) upstreamDevicePluginPods(ctx context.Context, m *kmmv1beta1.Module) ([]corev1.Pod, error) {
-	sel, err := upstreamPodSelector(m.Name)
+func (r *Reconciler) upstreamDevicePluginPods(ctx context.Context, m *kmmv1beta1.Module) ([]corev1.Pod, error) {
+	sel, err := shared.UpstreamPodSelector(m.Name)
 	if err != nil {
 		return nil, err
 	}
@@ -145,7 +115,7 @@ func (r *ModuleReconciler) upstreamDevicePluginPods(ctx context.Context, m *kmmv
 	}
 	var out []corev1.Pod
 	for _, p := range list.Items {
-		if upstreamDevicePluginPod(&p) {
+		if shared.UpstreamDevicePluginPod(&p) {
 			out = append(out, p)
 		}
 	}
@@ -155,7 +125,7 @@ func (r *ModuleReconciler) upstreamDevicePluginPods(ctx context.Context, m *kmmv
 // gatherKMMDevicePlugin fills in, from the cache, where kmm's device plugin of m has a pod and where
 // it is Ready, and moves the handover's start to the creation of kmm's newest device plugin
 // DaemonSet of m (its pods could not be Ready before).
-func (r *ModuleReconciler) gatherKMMDevicePlugin(ctx context.Context, m *kmmv1beta1.Module, facts *fsm.HandoverFacts) error {
+func (r *Reconciler) gatherKMMDevicePlugin(ctx context.Context, m *kmmv1beta1.Module, facts *fsm.HandoverFacts) error {
 	sets := &appsv1.DaemonSetList{}
 	if err := r.Client.List(ctx, sets, client.InNamespace(m.Namespace), client.MatchingLabels(devicePluginLabels(m))); err != nil {
 		return err
@@ -174,7 +144,7 @@ func (r *ModuleReconciler) gatherKMMDevicePlugin(ctx context.Context, m *kmmv1be
 			continue
 		}
 		facts.KMMPods[p.Spec.NodeName] = true
-		if podReady(p) {
+		if shared.PodReady(p) {
 			facts.KMMReady[p.Spec.NodeName] = true
 		}
 	}
@@ -183,12 +153,12 @@ func (r *ModuleReconciler) gatherKMMDevicePlugin(ctx context.Context, m *kmmv1be
 
 // deleteUpstreamDevicePlugin deletes one of upstream's device plugin DaemonSets in the foreground
 // (not already being deleted), with an Event on the Module.
-func (r *ModuleReconciler) deleteUpstreamDevicePlugin(ctx context.Context, m *kmmv1beta1.Module, ds *appsv1.DaemonSet) error {
+func (r *Reconciler) deleteUpstreamDevicePlugin(ctx context.Context, m *kmmv1beta1.Module, ds *appsv1.DaemonSet) error {
 	if ds.DeletionTimestamp != nil {
 		return nil
 	}
 	err := r.Client.Delete(ctx, ds, client.PropagationPolicy(metav1.DeletePropagationForeground), client.Preconditions{UID: &ds.UID})
-	if err = ignoreGone(err); err != nil {
+	if err = shared.IgnoreGone(err); err != nil {
 		return fmt.Errorf("deleting upstream KMM's device plugin DaemonSet %s: %w", ds.Name, err)
 	}
 	why := "kmm's device plugin is Ready on every node it served"
@@ -198,49 +168,4 @@ func (r *ModuleReconciler) deleteUpstreamDevicePlugin(ctx context.Context, m *km
 	r.Recorder.Eventf(m, ds, corev1.EventTypeNormal, "UpstreamDevicePluginRemoved", "HandOver",
 		"deleted upstream KMM's device plugin DaemonSet %s: %s", ds.Name, why)
 	return nil
-}
-
-// releaseUpstreamDevicePluginPod removes upstream's finalizer from one of its device plugin pods
-// being deleted (upstream is not there to do it); the pod goes once its node confirms it stopped.
-func releaseUpstreamDevicePluginPod(ctx context.Context, c client.Client, p *corev1.Pod) error {
-	var keep []string
-	for _, f := range p.Finalizers {
-		if f != upstreamDevicePluginFinalizer {
-			keep = append(keep, f)
-		}
-	}
-	if len(keep) == len(p.Finalizers) {
-		return nil
-	}
-	data, err := json.Marshal(map[string]any{"metadata": map[string]any{"finalizers": keep, "resourceVersion": p.ResourceVersion}})
-	if err != nil {
-		return err
-	}
-	return ignoreGone(c.Patch(ctx, p, client.RawPatch(types.MergePatchType, data)))
-}
-
-// upstreamDevicePluginsOn lists, by module key, the pods of upstream's device plugins on a node
-// (uncached), releasing the finalizer of those being deleted: they count as running until gone.
-func upstreamDevicePluginsOn(ctx context.Context, reader client.Reader, c client.Client, node string) (map[string]bool, error) {
-	sel, err := upstreamPodSelector("")
-	if err != nil {
-		return nil, err
-	}
-	list := &corev1.PodList{}
-	if err := reader.List(ctx, list, client.MatchingLabelsSelector{Selector: sel}, client.MatchingFields{"spec.nodeName": node}); err != nil {
-		return nil, fmt.Errorf("listing upstream KMM's device plugin pods on %s: %w", node, err)
-	}
-	out := map[string]bool{}
-	var errs []error
-	for i := range list.Items {
-		p := &list.Items[i]
-		if p.Spec.NodeName != node || !upstreamDevicePluginPod(p) || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
-			continue
-		}
-		out[p.Namespace+"/"+p.Labels[upstreamModuleNameLabel]] = true
-		if p.DeletionTimestamp != nil {
-			errs = append(errs, releaseUpstreamDevicePluginPod(ctx, c, p))
-		}
-	}
-	return out, errors.Join(errs...)
 }

@@ -1,4 +1,4 @@
-package controllers
+package preflight
 
 import (
 	"context"
@@ -38,11 +38,11 @@ const (
 	PreflightRetryMax  = 5 * time.Minute
 )
 
-// PreflightReconciler verifies every Module against the kernel of each PreflightValidation
+// Reconciler verifies every Module against the kernel of each PreflightValidation
 // (preflight) and writes the verdicts to its status. Each reconcile re-checks every
 // Module: a PreflightValidation is re-verified when it or a Module's spec changes, and, while a
 // registry could not be reached, with back-off.
-type PreflightReconciler struct {
+type Reconciler struct {
 	Client client.Client
 	// APIReader reads the Modules' pull secrets, uncached (nil: Client).
 	APIReader client.Reader
@@ -63,7 +63,7 @@ type PreflightReconciler struct {
 
 // SetupWithManager registers the controller: PreflightValidations (spec changes) and Modules
 // (created, deleted or spec changed), each Module change enqueueing every PreflightValidation.
-func (r *PreflightReconciler) SetupWithManager(mgr ctrl.Manager) error {
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("preflightvalidation").
 		For(&kmmv1beta1.PreflightValidation{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
@@ -74,7 +74,7 @@ func (r *PreflightReconciler) SetupWithManager(mgr ctrl.Manager) error {
 }
 
 // allValidations lists every PreflightValidation: a Module change concerns each.
-func (r *PreflightReconciler) allValidations(ctx context.Context, _ client.Object) []reconcile.Request {
+func (r *Reconciler) allValidations(ctx context.Context, _ client.Object) []reconcile.Request {
 	list := &kmmv1beta1.PreflightValidationList{}
 	if err := r.Client.List(ctx, list); err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "Listing PreflightValidations for a Module change")
@@ -88,7 +88,7 @@ func (r *PreflightReconciler) allValidations(ctx context.Context, _ client.Objec
 }
 
 // Reconcile verifies every Module for one PreflightValidation.
-func (r *PreflightReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	r.once.Do(func() {
 		r.retries = workqueue.NewTypedItemExponentialFailureRateLimiter[ctrl.Request](PreflightRetryBase, PreflightRetryMax)
 	})
@@ -130,7 +130,7 @@ func (r *PreflightReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 
 // emit records one Event per changed verdict on the PreflightValidation (regarding the Module too
 // for a failure), and one when Modules did not fit in the status.
-func (r *PreflightReconciler) emit(pv *kmmv1beta1.PreflightValidation, changed []preflight.Verdict, left int) {
+func (r *Reconciler) emit(pv *kmmv1beta1.PreflightValidation, changed []preflight.Verdict, left int) {
 	for _, v := range changed {
 		module := &kmmv1beta1.Module{ObjectMeta: metav1.ObjectMeta{Namespace: v.Namespace, Name: v.Name}}
 		module.SetGroupVersionKind(kmmv1beta1.GroupVersion.WithKind("Module"))
@@ -146,14 +146,14 @@ func (r *PreflightReconciler) emit(pv *kmmv1beta1.PreflightValidation, changed [
 	}
 }
 
-func (r *PreflightReconciler) apiReader() client.Reader {
+func (r *Reconciler) apiReader() client.Reader {
 	if r.APIReader == nil {
 		return r.Client
 	}
 	return r.APIReader
 }
 
-func (r *PreflightReconciler) clock() clock.PassiveClock {
+func (r *Reconciler) clock() clock.PassiveClock {
 	if r.Clock == nil {
 		return clock.RealClock{}
 	}

@@ -1,4 +1,4 @@
-package controllers
+package node
 
 import (
 	"context"
@@ -19,6 +19,7 @@ import (
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/contract"
+	"github.com/kmm-project/kmm/controllers/shared"
 	"github.com/kmm-project/kmm/fsm"
 )
 
@@ -153,12 +154,12 @@ func (r *NMCReconciler) executeDrain(ctx context.Context, f *nodeFacts, key stri
 	}
 	for _, w := range d.Delete {
 		r.escalationEvent(f, key, w, "Deleted", d.Strategy)
-		errs = append(errs, ignoreGone(r.Client.Delete(ctx, workloadPod(w), client.Preconditions{UID: uidOf(w)})))
+		errs = append(errs, shared.IgnoreGone(r.Client.Delete(ctx, workloadPod(w), client.Preconditions{UID: uidOf(w)})))
 	}
 	for _, w := range d.StripFinalizers {
 		r.escalationEvent(f, key, w, "StrippedFinalizers", d.Strategy)
 		patch := client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`))
-		errs = append(errs, ignoreGone(r.Client.Patch(ctx, workloadPod(w), patch)))
+		errs = append(errs, shared.IgnoreGone(r.Client.Patch(ctx, workloadPod(w), patch)))
 	}
 	return errors.Join(errs...)
 }

@@ -1,4 +1,4 @@
-package controllers
+package module
 
 import (
 	"context"
@@ -32,6 +32,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/controllers/shared"
 	"github.com/kmm-project/kmm/fsm"
 	"github.com/kmm-project/kmm/internal/retry"
 	"github.com/kmm-project/kmm/internal/semantic"
@@ -45,11 +46,11 @@ import (
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
 // +kubebuilder:rbac:groups=apps,resources=daemonsets,verbs=get;list;watch;create;update;patch;delete
 
-// ModuleFinalizer holds a Module until no node has it loaded.
-const ModuleFinalizer = "kmm.sigs.x-k8s.io/unload"
+// Finalizer holds a Module until no node has it loaded.
+const Finalizer = "kmm.sigs.x-k8s.io/unload"
 
-// ModuleReconciler is the Module→NMC controller.
-type ModuleReconciler struct {
+// Reconciler is the Module→NMC controller.
+type Reconciler struct {
 	Client client.Client
 	// APIReader reads NMCs as stored, managedFields included (the cache strips them), when an NMC
 	// is taken over from upstream KMM; nil means Client.
@@ -62,12 +63,12 @@ type ModuleReconciler struct {
 	// OrphanGrace is how long a spec entry of a Module that does not exist is kept (0: fsm.DefaultOrphanGrace).
 	OrphanGrace time.Duration
 
-	conflicts    conflictRetry
+	conflicts    shared.ConflictRetry
 	statusWrites statusWrites
 	orphans      orphanSeen
 }
 
-func (r *ModuleReconciler) clock() clock.PassiveClock {
+func (r *Reconciler) clock() clock.PassiveClock {
 	if r.Clock == nil {
 		return clock.RealClock{}
 	}
@@ -76,7 +77,7 @@ func (r *ModuleReconciler) clock() clock.PassiveClock {
 
 // SetupWithManager registers the controller: Modules, the Nodes their selectors match (label and
 // kernel changes only: this controller never reads node status), NMCs and device plugin DaemonSets.
-func (r *ModuleReconciler) SetupWithManager(mgr ctrl.Manager) error {
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("module").
 		For(&kmmv1beta1.Module{}, builder.WithPredicates(predicate.Not(statusOnlyUpdate()))).
@@ -88,19 +89,19 @@ func (r *ModuleReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Complete(r)
 }
 
-// ModuleStatusDelay is how long NMC changes gather before their Modules are reconciled again: a
+// StatusDelay is how long NMC changes gather before their Modules are reconciled again: a
 // Module's status counts every node, so one reconcile per NMC change (thousands while a Module
 // rolls out) would recompute it, and often write it, thousands of times. Module and Node changes
 // are not delayed.
-const ModuleStatusDelay = time.Second
+const StatusDelay = time.Second
 
-// nmcEvents enqueues the Modules an NMC names (before and after the change) ModuleStatusDelay
+// nmcEvents enqueues the Modules an NMC names (before and after the change) StatusDelay
 // later; the queue merges the requests for a Module that wait.
 func nmcEvents() handler.Funcs {
 	add := func(q workqueue.TypedRateLimitingInterface[reconcile.Request], objs ...client.Object) {
 		for _, o := range objs {
 			for _, req := range modulesInNMC(context.Background(), o) {
-				q.AddAfter(req, ModuleStatusDelay)
+				q.AddAfter(req, StatusDelay)
 			}
 		}
 	}
@@ -137,13 +138,13 @@ func statusOnlyUpdate() predicate.Predicate {
 	}
 }
 
-// delayedStatusUpdates enqueues a Module whose status alone changed ModuleStatusDelay later, like
+// delayedStatusUpdates enqueues a Module whose status alone changed StatusDelay later, like
 // an NMC change: each status write would otherwise be followed at once by a reconcile that counts
 // the nodes again and, while pairs move, writes again (issue 22). A status someone else changed is
 // still put right, a second later.
 func delayedStatusUpdates() handler.Funcs {
 	return handler.Funcs{UpdateFunc: func(_ context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-		q.AddAfter(reconcile.Request{NamespacedName: client.ObjectKeyFromObject(e.ObjectNew)}, ModuleStatusDelay)
+		q.AddAfter(reconcile.Request{NamespacedName: client.ObjectKeyFromObject(e.ObjectNew)}, StatusDelay)
 	}}
 }
 
@@ -158,7 +159,7 @@ func nodeLabelsOrKernelChanged() predicate.Predicate {
 // nodeEvents enqueues the Modules a Node event concerns: for a new or deleted Node, every Module
 // selecting it (and every Module being deleted); for an update, only those nodeChangeRequests
 // names.
-func (r *ModuleReconciler) nodeEvents() handler.Funcs {
+func (r *Reconciler) nodeEvents() handler.Funcs {
 	add := func(q workqueue.TypedRateLimitingInterface[reconcile.Request], reqs []ctrl.Request) {
 		for _, req := range reqs {
 			q.Add(req)
@@ -191,7 +192,7 @@ func (r *ModuleReconciler) nodeEvents() handler.Funcs {
 }
 
 // modules lists the cached Modules (their objects, not copies: only read).
-func (r *ModuleReconciler) modules(ctx context.Context) ([]kmmv1beta1.Module, bool) {
+func (r *Reconciler) modules(ctx context.Context) ([]kmmv1beta1.Module, bool) {
 	modules := &kmmv1beta1.ModuleList{}
 	if err := r.Client.List(ctx, modules, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, false
@@ -264,12 +265,12 @@ func modulesInNMC(_ context.Context, o client.Object) []ctrl.Request {
 // Reconcile writes the Module's NMC spec entries, its device plugin DaemonSet and its status, in
 // the shape of the NMC reconciler: gather the facts, decide (pure), act, write the status once. A
 // reconcile that met only conflicts is retried quietly.
-func (r *ModuleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	res, err := r.reconcile(ctx, req)
-	return r.conflicts.result(ctx, req, res, err)
+	return r.conflicts.Result(ctx, req, res, err)
 }
 
-func (r *ModuleReconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	log := ctrl.LoggerFrom(ctx).WithValues("module", req.String())
 	m := &kmmv1beta1.Module{}
 	if err := r.Client.Get(ctx, req.NamespacedName, m); err != nil {
@@ -283,7 +284,7 @@ func (r *ModuleReconciler) reconcile(ctx context.Context, req ctrl.Request) (ctr
 	}
 	r.orphans.forget(req.NamespacedName)
 	// The finalizer comes before any entry is written, so that a deletion always unloads.
-	if m.DeletionTimestamp.IsZero() && !controllerutil.ContainsFinalizer(m, ModuleFinalizer) {
+	if m.DeletionTimestamp.IsZero() && !controllerutil.ContainsFinalizer(m, Finalizer) {
 		if err := r.patchFinalizers(ctx, m, controllerutil.AddFinalizer); err != nil {
 			return ctrl.Result{}, err
 		}
@@ -325,7 +326,7 @@ func handoverPoll(s *moduleScope) time.Duration {
 }
 
 // reader reads what kmm's cache does not hold (managedFields, upstream KMM's pods).
-func (r *ModuleReconciler) reader() client.Reader {
+func (r *Reconciler) reader() client.Reader {
 	if r.APIReader == nil {
 		return r.Client
 	}
@@ -334,7 +335,7 @@ func (r *ModuleReconciler) reader() client.Reader {
 
 // act writes what the decisions ask for: the NMC spec entries and the device plugin DaemonSet. An
 // invalid Module's nodes are left as they are.
-func (r *ModuleReconciler) act(ctx context.Context, s *moduleScope, log logr.Logger) []error {
+func (r *Reconciler) act(ctx context.Context, s *moduleScope, log logr.Logger) []error {
 	if s.invalid != "" {
 		log.Info("Invalid Module: leaving its nodes as they are", "error", s.invalid)
 		return nil
@@ -352,7 +353,7 @@ func (r *ModuleReconciler) act(ctx context.Context, s *moduleScope, log logr.Log
 // refusalMessage is the message of the first error the API server gave for what an object is, "" when none.
 func refusalMessage(errs ...error) string {
 	for _, err := range errs {
-		if err != nil && refusedForGood(err) {
+		if err != nil && shared.RefusedForGood(err) {
 			return head(err.Error(), 1024)
 		}
 	}
@@ -394,7 +395,7 @@ type moduleScope struct {
 }
 
 // gather reads every node and NMC (the decision needs each node's labels and kernel).
-func (r *ModuleReconciler) gather(ctx context.Context, m *kmmv1beta1.Module) (*moduleScope, error) {
+func (r *Reconciler) gather(ctx context.Context, m *kmmv1beta1.Module) (*moduleScope, error) {
 	s := &moduleScope{module: m, nmcs: map[string]*kmmv1beta1.NodeModulesConfig{}, decisions: map[string]fsm.SpecDecision{}}
 	// Nodes and NMCs are only read: the cache's own objects, not a copy of every one per reconcile.
 	nodes := &corev1.NodeList{}
@@ -434,7 +435,7 @@ func nodeView(n *corev1.Node) fsm.NodeView {
 const SpecWriters = 16
 
 // syncSpecs applies the Module's entry on each node whose decision changes it.
-func (r *ModuleReconciler) syncSpecs(ctx context.Context, s *moduleScope, log logr.Logger) error {
+func (r *Reconciler) syncSpecs(ctx context.Context, s *moduleScope, log logr.Logger) error {
 	var applies []func() error
 	for i := range s.nodes {
 		if write := r.entryWrite(ctx, s, &s.nodes[i], log); write != nil {
@@ -446,7 +447,7 @@ func (r *ModuleReconciler) syncSpecs(ctx context.Context, s *moduleScope, log lo
 
 // entryWrite is the write of the Module's entry on node n its decision asks for (nil: none): by
 // apply, or through syncTakenOver on an NMC that holds, or held, what upstream KMM left.
-func (r *ModuleReconciler) entryWrite(ctx context.Context, s *moduleScope, n *corev1.Node, log logr.Logger) func() error {
+func (r *Reconciler) entryWrite(ctx context.Context, s *moduleScope, n *corev1.Node, log logr.Logger) func() error {
 	d := s.decisions[n.Name]
 	nmc := s.nmcs[n.Name]
 	current := nmc.SpecEntry(s.module.Namespace, s.module.Name)
@@ -492,7 +493,7 @@ func runConcurrently(fns []func() error, n int) error {
 // applyEntry server-side-applies the Module's entry (nil: none) to the node's NMC with a field
 // manager of its own: spec.modules is a list-map keyed by namespace and name, so entries of other
 // Modules are never touched, and applying no entry removes only this Module's.
-func (r *ModuleReconciler) applyEntry(ctx context.Context, node *corev1.Node, m *kmmv1beta1.Module, e *kmmv1beta1.NodeModuleSpec) error {
+func (r *Reconciler) applyEntry(ctx context.Context, node *corev1.Node, m *kmmv1beta1.Module, e *kmmv1beta1.NodeModuleSpec) error {
 	modules := []any{}
 	if e != nil {
 		data, err := json.Marshal(e)
@@ -516,7 +517,7 @@ func (r *ModuleReconciler) applyEntry(ctx context.Context, node *corev1.Node, m 
 		},
 		"spec": map[string]any{"modules": modules},
 	}}
-	owner := client.FieldOwner(fieldManager(m.Namespace, m.Name))
+	owner := client.FieldOwner(shared.FieldManager(m.Namespace, m.Name))
 	if err := r.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), owner, client.ForceOwnership); err != nil {
 		return fmt.Errorf("applying the NMC entry of %s/%s on %s: %w", m.Namespace, m.Name, node.Name, err)
 	}
@@ -524,11 +525,11 @@ func (r *ModuleReconciler) applyEntry(ctx context.Context, node *corev1.Node, m 
 }
 
 // releaseWhenUnloaded removes the finalizer of a deleted Module once no NMC has an entry for it,
-// and upstream KMM's finalizer with it (after a switch from upstream no one else would).
-func (r *ModuleReconciler) releaseWhenUnloaded(ctx context.Context, s *moduleScope, log logr.Logger) error {
+// and upstream KMM's finalizer with it (after a takeover no one else would).
+func (r *Reconciler) releaseWhenUnloaded(ctx context.Context, s *moduleScope, log logr.Logger) error {
 	m := s.module
 	if m.DeletionTimestamp.IsZero() ||
-		(!controllerutil.ContainsFinalizer(m, ModuleFinalizer) && !controllerutil.ContainsFinalizer(m, UpstreamModuleFinalizer)) {
+		(!controllerutil.ContainsFinalizer(m, Finalizer) && !controllerutil.ContainsFinalizer(m, UpstreamModuleFinalizer)) {
 		return nil
 	}
 	for _, nmc := range s.nmcs {
@@ -545,8 +546,8 @@ func (r *ModuleReconciler) releaseWhenUnloaded(ctx context.Context, s *moduleSco
 // (guarded by the resourceVersion): an Update would send the whole object back as the Go types
 // render it, dropping explicit defaults such as insecure: false and adding empty structs, which
 // bumps the generation and shows as drift in GitOps tools.
-func (r *ModuleReconciler) patchFinalizers(ctx context.Context, m *kmmv1beta1.Module, change func(client.Object, string) bool) error {
-	change(m, ModuleFinalizer)
+func (r *Reconciler) patchFinalizers(ctx context.Context, m *kmmv1beta1.Module, change func(client.Object, string) bool) error {
+	change(m, Finalizer)
 	data, err := json.Marshal(map[string]any{"metadata": map[string]any{
 		"resourceVersion": m.ResourceVersion, "finalizers": m.Finalizers,
 	}})

@@ -1,4 +1,4 @@
-package controllers
+package module
 
 import (
 	"context"
@@ -8,12 +8,14 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/fsm"
@@ -21,9 +23,9 @@ import (
 )
 
 // writeStatus computes Module.status from the scope and the device plugin DaemonSets and writes it
-// only when it changed, and then at most once per ModuleStatusDelay unless its summary changed
+// only when it changed, and then at most once per StatusDelay unless its summary changed
 // (statusWriteWait). A change it holds back is written by the reconcile after the wait it returns.
-func (r *ModuleReconciler) writeStatus(ctx context.Context, s *moduleScope) (time.Duration, error) {
+func (r *Reconciler) writeStatus(ctx context.Context, s *moduleScope) (time.Duration, error) {
 	m := s.module
 	dsList := &appsv1.DaemonSetList{}
 	if err := r.Client.List(ctx, dsList, client.InNamespace(m.Namespace), client.MatchingLabels(devicePluginLabels(m))); err != nil {
@@ -66,7 +68,7 @@ func (r *ModuleReconciler) writeStatus(ctx context.Context, s *moduleScope) (tim
 
 // statusWriteWait is how long a changed Module status waits before it is written (0: now). A
 // Module's status counts every node, and while it rolls out its counters change with every pair
-// that moves: they are written at most once per ModuleStatusDelay since this process last wrote
+// that moves: they are written at most once per StatusDelay since this process last wrote
 // it, measured between the starts of the reconciles that wrote (issue 22: 242 writes in a 45 s load of one Module over 1,000 nodes before). A change of its
 // summary (a condition's status or reason, or the observed generation, which clients wait on) is
 // written at once.
@@ -74,7 +76,7 @@ func statusWriteWait(cur, next *kmmv1beta1.ModuleStatus, last, now time.Time) ti
 	if last.IsZero() || summaryChanged(cur, next) {
 		return 0
 	}
-	return max(last.Add(ModuleStatusDelay).Sub(now), 0)
+	return max(last.Add(StatusDelay).Sub(now), 0)
 }
 
 // summaryChanged says whether next differs from cur in its observed generation or in a condition's
@@ -287,4 +289,15 @@ func joinSorted(items []string) string {
 		items = append(items[:10], fmt.Sprintf("and %d more", len(items)-10))
 	}
 	return strings.Join(items, ", ")
+}
+
+// The Module side's metric (SPEC §8), registered on controller-runtime's registry and served on
+// the manager's metrics endpoint; the node side registers the others (package node).
+var pairsByState = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+	Name: "kmm_pairs",
+	Help: "Number of (node, module) pairs per Module and state.",
+}, []string{"namespace", "module", "state"})
+
+func init() {
+	metrics.Registry.MustRegister(pairsByState)
 }

@@ -1,4 +1,4 @@
-package controllers
+package module
 
 import (
 	"context"
@@ -44,6 +44,12 @@ func DevicePluginName(m *kmmv1beta1.Module) string {
 	return contract.Bounded(name, contract.MaxLabelValue)
 }
 
+// DevicePluginTemplate is the pod template of the Module's device plugin DaemonSet as kmm writes it
+// (the node side's drain must spare its pods: its tests build them with it).
+func DevicePluginTemplate(m *kmmv1beta1.Module) corev1.PodTemplateSpec {
+	return devicePluginTemplate(DevicePluginName(m), m, devicePluginLabels(m))
+}
+
 // DevicePluginNodeSelector is where the device plugin runs: the selected nodes of a device-plugin-only
 // Module, else nodes with the module loaded (and, with a
 // version, the version-device-plugin label of that version).
@@ -59,7 +65,7 @@ func DevicePluginNodeSelector(m *kmmv1beta1.Module) map[string]string {
 }
 
 // syncDevicePlugin creates or updates the wanted DaemonSet and deletes the Module's others.
-func (r *ModuleReconciler) syncDevicePlugin(ctx context.Context, s *moduleScope) error {
+func (r *Reconciler) syncDevicePlugin(ctx context.Context, s *moduleScope) error {
 	m := s.module
 	want := ""
 	if m.Spec.DevicePlugin != nil && m.DeletionTimestamp.IsZero() {

@@ -1,4 +1,4 @@
-package controllers
+package module
 
 import (
 	"maps"
@@ -33,7 +33,7 @@ func TestModuleDecide(t *testing.T) {
 	invalid.Spec.ModuleLoader.Container.KernelMappings[0].Regexp = "("
 	deleted := invalid.DeepCopy()
 	deleted.DeletionTimestamp = &metav1.Time{Time: time.Unix(1, 0)}
-	deleted.Finalizers = []string{ModuleFinalizer}
+	deleted.Finalizers = []string{Finalizer}
 
 	for _, tc := range []struct {
 		name        string

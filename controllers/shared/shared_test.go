@@ -1,4 +1,4 @@
-package controllers
+package shared
 
 import (
 	"context"
@@ -26,9 +26,9 @@ func TestConflictsRequeueQuietlyWithBackOff(t *testing.T) {
 		{"a failure", other, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var c conflictRetry
+			var c ConflictRetry
 			req := ctrl.Request{}
-			res, err := c.result(context.Background(), req, ctrl.Result{}, tc.err)
+			res, err := c.Result(context.Background(), req, ctrl.Result{}, tc.err)
 			if tc.quiet != (err == nil) {
 				t.Fatalf("error returned = %v, want quiet %v", err, tc.quiet)
 			}
@@ -36,12 +36,12 @@ func TestConflictsRequeueQuietlyWithBackOff(t *testing.T) {
 				return
 			}
 			first := res.RequeueAfter
-			res, _ = c.result(context.Background(), req, ctrl.Result{}, tc.err)
+			res, _ = c.Result(context.Background(), req, ctrl.Result{}, tc.err)
 			if first <= 0 || res.RequeueAfter <= first {
 				t.Fatalf("requeue after %v then %v: want a growing back-off", first, res.RequeueAfter)
 			}
-			_, _ = c.result(context.Background(), req, ctrl.Result{}, nil)
-			if res, _ = c.result(context.Background(), req, ctrl.Result{}, tc.err); res.RequeueAfter != first {
+			_, _ = c.Result(context.Background(), req, ctrl.Result{}, nil)
+			if res, _ = c.Result(context.Background(), req, ctrl.Result{}, tc.err); res.RequeueAfter != first {
 				t.Fatalf("after a clean reconcile the back-off restarts at %v, got %v", first, res.RequeueAfter)
 			}
 		})

@@ -1,11 +1,10 @@
-package controllers
+package node
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -14,7 +13,6 @@ import (
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
@@ -25,6 +23,7 @@ import (
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/contract"
+	"github.com/kmm-project/kmm/controllers/shared"
 	"github.com/kmm-project/kmm/fsm"
 	"github.com/kmm-project/kmm/internal/podindex"
 	"github.com/kmm-project/kmm/internal/retry"
@@ -58,7 +57,7 @@ type NMCReconciler struct {
 
 	expectOnce    sync.Once
 	expect        *podExpectations
-	conflicts     conflictRetry
+	conflicts     shared.ConflictRetry
 	saPullSecrets saPullSecretsCache
 }
 
@@ -156,72 +155,32 @@ type pairOutcome struct {
 // a reconcile that met only conflicts is retried quietly.
 func (r *NMCReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	res, err := r.reconcile(ctx, req)
-	return r.conflicts.result(ctx, req, res, err)
+	return r.conflicts.Result(ctx, req, res, err)
 }
 
+// reconcile is one pass over a node, in four steps: gather the node's facts, decide every pair and
+// the node's labels (fsm, pure), write the NMC status once, execute the plans.
 func (r *NMCReconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	log := ctrl.LoggerFrom(ctx).WithValues("node", req.Name)
 	f, err := r.gather(ctx, req.Name)
 	if err != nil || f == nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	now := r.Clock.Now()
-	outcomes, err := r.decide(ctx, f, now)
+	d, err := r.decide(ctx, f, r.Clock.Now())
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	if again, err := r.upstreamDevicePluginsBeforeUnload(ctx, f, outcomes); err != nil {
-		return ctrl.Result{}, err
-	} else if again {
-		if outcomes, err = r.decide(ctx, f, now); err != nil {
-			return ctrl.Result{}, err
-		}
-	}
-	logOutcomes(outcomes, log)
-	labels := labelChanges(f, outcomes)
-	if err := r.writeStatus(ctx, f, outcomes, len(labels) > 0); err != nil {
+	logOutcomes(d.outcomes, log)
+	if err := r.writeStatus(ctx, f, d); err != nil {
 		// A conflict means the NMC changed since it was read: the error requeues with back-off and the
 		// next reconcile decides on fresh facts.
 		return ctrl.Result{}, err
 	}
-	r.record(f, outcomes)
-	if err := r.execute(ctx, f, outcomes, labels, log); err != nil {
+	r.record(f, d.outcomes)
+	if err := r.execute(ctx, f, d, log); err != nil {
 		return ctrl.Result{}, err
 	}
-	if err := r.deleteIfEmpty(ctx, f); err != nil {
-		return ctrl.Result{}, err
-	}
-	requeue := requeueAfter(outcomes)
-	if f.upstreamDevicePlugins && (requeue == 0 || requeue > fsm.ForeignWait) {
-		requeue = fsm.ForeignWait // upstream's device plugin pods are not watched
-	}
-	return ctrl.Result{RequeueAfter: requeue}, nil
-}
-
-// upstreamDevicePluginsBeforeUnload reads, only when the decision is about to create an unload
-// (or reload) pod, upstream KMM's device plugin pods on the node (uncached): a pod of the unloading pair's
-// Module counts as its running device plugin, so the pair drains it first (invariant 6 across a
-// switch from upstream). It says whether the pairs must be decided again with that fact.
-func (r *NMCReconciler) upstreamDevicePluginsBeforeUnload(ctx context.Context, f *nodeFacts, outcomes []pairOutcome) (bool, error) {
-	if r.APIReader == nil || !slices.ContainsFunc(outcomes, plansUnload) {
-		return false, nil
-	}
-	on, err := upstreamDevicePluginsOn(ctx, r.APIReader, r.Client, f.node.Name)
-	if err != nil {
-		return false, err
-	}
-	for _, o := range outcomes {
-		if plansUnload(o) && on[o.key] && !f.dpRunning[o.key] {
-			f.dpRunning[o.key], f.upstreamDevicePlugins = true, true
-		}
-	}
-	return f.upstreamDevicePlugins, nil
-}
-
-// plansUnload says whether the pair is about to create a worker that unloads (an unload or a reload).
-func plansUnload(o pairOutcome) bool {
-	w := o.result.Plan.CreateWorker
-	return w != nil && (w.Action == contract.ActionUnload || w.Action == contract.ActionReload)
+	return ctrl.Result{RequeueAfter: d.requeueAfter}, nil
 }
 
 func (r *NMCReconciler) gather(ctx context.Context, name string) (*nodeFacts, error) {
@@ -260,8 +219,10 @@ func (r *NMCReconciler) gather(ctx context.Context, name string) (*nodeFacts, er
 		}
 	}
 	f.drains = drainPolicies(modules.Items)
-	if err := r.gatherUpstream(ctx, f); err != nil {
-		return nil, err
+	if hasUpstreamRecord(f.nmc) && r.APIReader != nil {
+		if err := r.gatherUpstream(ctx, f); err != nil {
+			return nil, err
+		}
 	}
 	return f, nil
 }
@@ -279,12 +240,53 @@ func collectPod(f *nodeFacts, p *corev1.Pod, node string) {
 	if p.Labels[contract.LabelDevicePlugin] != "" && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
 		key := p.Labels[contract.LabelModuleNamespace] + "/" + p.Labels[contract.LabelModuleName]
 		f.dpRunning[key] = true
-		f.dpReady[key] = f.dpReady[key] || podReady(p)
+		f.dpReady[key] = f.dpReady[key] || shared.PodReady(p)
 	}
 }
 
-// decide runs fsm.Step for every pair known on the node.
-func (r *NMCReconciler) decide(ctx context.Context, f *nodeFacts, now time.Time) ([]pairOutcome, error) {
+// hasUpstreamRecord says whether an NMC has a status entry upstream KMM left (fsm.UpstreamRecord).
+func hasUpstreamRecord(nmc *kmmv1beta1.NodeModulesConfig) bool {
+	for i := range nmc.Status.Modules {
+		if fsm.UpstreamRecord(&nmc.Status.Modules[i]) {
+			return true
+		}
+	}
+	return false
+}
+
+// decision is what one reconcile decided for the node: every pair's outcome, the changes of the
+// node's labels (a merge patch: nil removes a label; empty when nothing changes) and when to look
+// at the node again (0: on the next event).
+type decision struct {
+	outcomes     []pairOutcome
+	labels       map[string]any
+	requeueAfter time.Duration
+}
+
+// decide runs fsm.Step for every pair and fsm.NodeLabels for the node. When a pair is about to
+// unload, upstream KMM's device plugin pods on the node are read (a fact read only then) and the
+// pairs decided again with them.
+func (r *NMCReconciler) decide(ctx context.Context, f *nodeFacts, now time.Time) (decision, error) {
+	outcomes, err := r.decidePairs(ctx, f, now)
+	if err != nil {
+		return decision{}, err
+	}
+	if again, err := r.upstreamDevicePluginsBeforeUnload(ctx, f, outcomes); err != nil {
+		return decision{}, err
+	} else if again {
+		if outcomes, err = r.decidePairs(ctx, f, now); err != nil {
+			return decision{}, err
+		}
+	}
+	d := decision{outcomes: outcomes, labels: labelChanges(f, outcomes), requeueAfter: requeueAfter(outcomes)}
+	if f.upstreamDevicePlugins && (d.requeueAfter == 0 || d.requeueAfter > fsm.UpstreamWait) {
+		d.requeueAfter = fsm.UpstreamWait // upstream's device plugin pods are not watched
+	}
+	return d, nil
+}
+
+// decidePairs runs fsm.Step for every pair known on the node.
+func (r *NMCReconciler) decidePairs(ctx context.Context, f *nodeFacts, now time.Time) ([]pairOutcome, error) {
 	node := observeNode(f.node)
 	var out []pairOutcome
 	for _, key := range pairKeys(f) {
@@ -375,190 +377,6 @@ func pairKeys(f *nodeFacts) []string {
 	return keys
 }
 
-// writeStatus writes the NMC status once when it changed, or when the reconcile is about to act on
-// what the decision read: create a pod, change the node's labels (relabels), cordon, drain or
-// uncordon. A write with the read resourceVersion proves the decision was made on fresh data: from a
-// cache that lags the last status write, a decision would otherwise put back the ready label of a
-// pair that is already unloading, and the device plugin with it (found by the rapid model of
-// issue 19).
-func (r *NMCReconciler) writeStatus(ctx context.Context, f *nodeFacts, outcomes []pairOutcome, relabels bool) error {
-	next := make([]kmmv1beta1.NodeModuleStatus, 0, len(outcomes))
-	acts := relabels
-	for _, o := range outcomes {
-		if o.result.Status != nil {
-			next = append(next, *o.result.Status)
-		}
-		p := o.result.Plan
-		acts = acts || p.CreateWorker != nil || p.Drain != nil || p.Uncordon
-	}
-	if semantic.Equal(&next, &f.nmc.Status.Modules) && !acts {
-		return nil
-	}
-	nmc := f.writableNMC()
-	nmc.Status.Modules = next
-	return r.Client.Status().Update(ctx, nmc)
-}
-
-// record counts a metric for every transition and emits its Event where transitionEventScope puts
-// it: failures, node happenings and a pair's last transition once per node on the NMC (failures on
-// the Module too); the happy path's transitions once per Module, reason and target state, which
-// the event broadcaster folds into one Event series (its count is the number of transitions). The
-// NMC's transition log (kubectl kmm history) keeps every transition of every pair.
-func (r *NMCReconciler) record(f *nodeFacts, outcomes []pairOutcome) {
-	for _, o := range outcomes {
-		var module *kmmv1beta1.Module
-		if len(o.result.Fired) > 0 {
-			ns, name, _ := strings.Cut(o.key, "/")
-			module = &kmmv1beta1.Module{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
-		}
-		for _, t := range o.result.Fired {
-			transitionsTotal.WithLabelValues(string(t.From), string(t.To), t.Trigger).Inc()
-			switch transitionEventScope(t, o.result.Status == nil) {
-			case eventAggregated:
-				note := fmt.Sprintf("%s: %s -> %s (%s) on a node; the series counts them, `kubectl kmm history <node>` lists each",
-					o.key, t.From, t.To, t.Trigger)
-				r.Recorder.Eventf(module, nil, corev1.EventTypeNormal, t.Reason, "To"+string(t.To), note)
-				continue
-			case eventFailure:
-				note := transitionNote(o, f.node.Name, t)
-				r.Recorder.Eventf(f.nmc, module, corev1.EventTypeWarning, t.Reason, "Transition", note)
-				r.Recorder.Eventf(module, f.nmc, corev1.EventTypeWarning, t.Reason, "Transition", note)
-			default:
-				r.Recorder.Eventf(f.nmc, module, corev1.EventTypeNormal, t.Reason, "Transition", transitionNote(o, f.node.Name, t))
-			}
-		}
-		if o.pod != nil && o.result.Plan.DeleteWorker {
-			observeFinishedPod(o.pod, o.worker)
-		}
-	}
-}
-
-// transitionNote is the note of a per-node transition Event: the message of the step's last
-// transition (the status entry may be gone, nil, when the pair left the table).
-func transitionNote(o pairOutcome, node string, t kmmv1beta1.Transition) string {
-	return fmt.Sprintf("%s on %s: %s -> %s (%s)", o.key, node, t.From, t.To, o.result.Message)
-}
-
-// eventScope says where a transition's Event goes.
-type eventScope int
-
-const (
-	// eventPerNode: a Normal Event on the NMC, one per transition.
-	eventPerNode eventScope = iota
-	// eventFailure: a Warning Event on the NMC and one on the Module, one per transition.
-	eventFailure
-	// eventAggregated: a Normal Event on the Module, one series per Module, reason and target
-	// state (issue 22: Events off the happy path).
-	eventAggregated
-)
-
-// transitionEventScope decides where the Event of transition t goes; leftTable says the pair has
-// no status entry after the step, so its transition log went with it. Per node: failures, what
-// happened to the node rather than to the Module (a reboot, a kernel change, an adoption from
-// upstream), and a pair's last transition. Aggregated: the rest, the happy path of a load, an
-// unload, a bump and an upgrade, which the pair's transition log keeps.
-func transitionEventScope(t kmmv1beta1.Transition, leftTable bool) eventScope {
-	switch trig := fsm.Trigger(t.Trigger); {
-	case fsm.IsFailure(trig):
-		return eventFailure
-	case leftTable, trig == fsm.NodeRebooted, trig == fsm.KernelChanged, trig == fsm.Adopted:
-		return eventPerNode
-	}
-	return eventAggregated
-}
-
-// observeFinishedPod counts a finished worker pod; w is the pod as ObserveWorker read it.
-func observeFinishedPod(p *corev1.Pod, w fsm.Worker) {
-	action, outcome := p.Labels[contract.LabelAction], string(p.Status.Phase)
-	if d, ok := workerDuration(p); ok {
-		workerPodDuration.WithLabelValues(action, outcome).Observe(d.Seconds())
-	}
-	if p.Status.Phase == corev1.PodFailed {
-		workerFailuresTotal.WithLabelValues(action, string(w.Result.Reason)).Inc()
-	}
-}
-
-// execute carries out the plans: node labels, finished pods, new pods.
-func (r *NMCReconciler) execute(ctx context.Context, f *nodeFacts, outcomes []pairOutcome, labels map[string]any, log logr.Logger) error {
-	// A failed label patch does not hold back the rest: the pods and the drain go on, and the
-	// error requeues the node.
-	var errs []error
-	if err := r.patchLabels(ctx, f, labels); err != nil {
-		errs = append(errs, fmt.Errorf("labelling node %s: %w", f.node.Name, err))
-	}
-	setDrainGauge(f.node.Name, outcomes)
-	for _, o := range outcomes {
-		p := o.result.Plan
-		errs = append(errs, r.executeDrain(ctx, f, o.key, p))
-		if p.DeleteWorker && o.pod != nil && !r.expected().deleting(o.pod.UID, r.Clock.Now()) {
-			log.V(1).Info("Deleting finished worker pod", "module", o.key, "pod", o.pod.Name)
-			pre := client.Preconditions{UID: &o.pod.UID}
-			if o.pod.Status.Phase != corev1.PodSucceeded && o.pod.Status.Phase != corev1.PodFailed {
-				// An overdue pod: delete it only as it was seen, not if it finished since.
-				pre.ResourceVersion = &o.pod.ResourceVersion
-			}
-			awaitDeletion(o.pod)
-			err := lostAsDeleted(o.pod, r.Client.Delete(ctx, o.pod, pre))
-			deletionSent(o.pod, err)
-			if err = ignoreGone(err); err == nil {
-				r.expected().deleted(o.pod.UID, r.Clock.Now())
-			}
-			errs = append(errs, err)
-		}
-		if p.CreateWorker != nil && !deletionAwaited(f.node.Name, o.key) {
-			log.Info("Creating worker pod", "module", o.key, "action", p.CreateWorker.Action, "attempt", p.CreateWorker.Attempt)
-			errs = append(errs, r.createWorker(ctx, f.node.Name, o.key, p.CreateWorker))
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// refusedForGood says whether the API server refused a pod for what it is (invalid, forbidden by
-// policy or quota, too large), not for a passing condition (throttling, a timeout, no connection).
-func refusedForGood(err error) bool {
-	return apierrors.IsInvalid(err) || apierrors.IsForbidden(err) || apierrors.IsBadRequest(err) ||
-		apierrors.IsRequestEntityTooLargeError(err)
-}
-
-func ignoreGone(err error) error {
-	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
-		return nil
-	}
-	return err
-}
-
-func (r *NMCReconciler) createWorker(ctx context.Context, node, key string, in *fsm.WorkerIntent) error {
-	saSecrets, err := r.saPullSecrets.get(ctx, r.APIReader, r.Clock, in.Entry.Namespace, in.Entry.ServiceAccountName)
-	if err != nil {
-		// No pod without the service account's pull secrets: the next reconcile fails the attempt
-		// (status reason ServiceAccountUnreadable, an Event) and backs off; the read is tried again
-		// at the next attempt (failed reads are not remembered).
-		r.expected().refusedCreate(node, key, fsm.CreateRefusal{Action: in.Action, Attempt: in.Attempt,
-			Reason: fsm.ReasonServiceAccountUnreadable, Message: err.Error()})
-		return fmt.Errorf("the %s worker pod for %s on %s: %w", in.Action, key, node, err)
-	}
-	opts := r.Worker
-	opts.ServiceAccountPullSecrets = saSecrets
-	pod, err := WorkerPod(node, opts, in)
-	if err != nil {
-		r.expected().refusedCreate(node, key, fsm.CreateRefusal{Action: in.Action, Attempt: in.Attempt, Message: err.Error()})
-		return fmt.Errorf("building the %s worker pod for %s on %s: %w", in.Action, key, node, err)
-	}
-	if err := r.createPod(ctx, pod); err != nil {
-		if apierrors.IsAlreadyExists(err) {
-			return nil
-		}
-		if refusedForGood(err) {
-			// The same pod would be refused again: the next reconcile fails the attempt (status
-			// reason PodRejected, an Event) and backs off.
-			r.expected().refusedCreate(node, key, fsm.CreateRefusal{Action: in.Action, Attempt: in.Attempt, Message: err.Error()})
-		}
-		return fmt.Errorf("creating the %s worker pod for %s on %s: %w", in.Action, key, node, err)
-	}
-	r.expected().created(pod, r.Clock.Now())
-	return nil
-}
-
 // labelChanges are the changes of the node's labels that fsm.NodeLabels asks for: a merge patch of
 // the keys whose value changes (nil removes a label; empty when nothing changes).
 func labelChanges(f *nodeFacts, outcomes []pairOutcome) map[string]any {
@@ -582,6 +400,112 @@ func labelChanges(f *nodeFacts, outcomes []pairOutcome) map[string]any {
 	return patch
 }
 
+// requeueAfter is the earliest retry any pair asked for.
+func requeueAfter(outcomes []pairOutcome) time.Duration {
+	var d time.Duration
+	for _, o := range outcomes {
+		if r := o.result.Plan.RequeueAfter; r > 0 && (d == 0 || r < d) {
+			d = r
+		}
+	}
+	return d
+}
+
+// writeStatus writes the NMC status once when it changed, or when the reconcile is about to act on
+// what the decision read: create a pod, change the node's labels, cordon, drain or
+// uncordon. A write with the read resourceVersion proves the decision was made on fresh data: from a
+// cache that lags the last status write, a decision would otherwise put back the ready label of a
+// pair that is already unloading, and the device plugin with it (found by the rapid model of
+// issue 19).
+func (r *NMCReconciler) writeStatus(ctx context.Context, f *nodeFacts, d decision) error {
+	next := make([]kmmv1beta1.NodeModuleStatus, 0, len(d.outcomes))
+	acts := len(d.labels) > 0
+	for _, o := range d.outcomes {
+		if o.result.Status != nil {
+			next = append(next, *o.result.Status)
+		}
+		p := o.result.Plan
+		acts = acts || p.CreateWorker != nil || p.Drain != nil || p.Uncordon
+	}
+	if semantic.Equal(&next, &f.nmc.Status.Modules) && !acts {
+		return nil
+	}
+	nmc := f.writableNMC()
+	nmc.Status.Modules = next
+	return r.Client.Status().Update(ctx, nmc)
+}
+
+// execute carries out the decision: node labels, the drains, finished pods, new pods, and the NMC's
+// deletion once nothing is left on it.
+func (r *NMCReconciler) execute(ctx context.Context, f *nodeFacts, d decision, log logr.Logger) error {
+	// A failed label patch does not hold back the rest: the pods and the drain go on, and the
+	// error requeues the node.
+	var errs []error
+	if err := r.patchLabels(ctx, f, d.labels); err != nil {
+		errs = append(errs, fmt.Errorf("labelling node %s: %w", f.node.Name, err))
+	}
+	setDrainGauge(f.node.Name, d.outcomes)
+	for _, o := range d.outcomes {
+		p := o.result.Plan
+		errs = append(errs, r.executeDrain(ctx, f, o.key, p))
+		if p.DeleteWorker && o.pod != nil && !r.expected().deleting(o.pod.UID, r.Clock.Now()) {
+			log.V(1).Info("Deleting finished worker pod", "module", o.key, "pod", o.pod.Name)
+			pre := client.Preconditions{UID: &o.pod.UID}
+			if o.pod.Status.Phase != corev1.PodSucceeded && o.pod.Status.Phase != corev1.PodFailed {
+				// An overdue pod: delete it only as it was seen, not if it finished since.
+				pre.ResourceVersion = &o.pod.ResourceVersion
+			}
+			awaitDeletion(o.pod)
+			err := lostAsDeleted(o.pod, r.Client.Delete(ctx, o.pod, pre))
+			deletionSent(o.pod, err)
+			if err = shared.IgnoreGone(err); err == nil {
+				r.expected().deleted(o.pod.UID, r.Clock.Now())
+			}
+			errs = append(errs, err)
+		}
+		if p.CreateWorker != nil && !deletionAwaited(f.node.Name, o.key) {
+			log.Info("Creating worker pod", "module", o.key, "action", p.CreateWorker.Action, "attempt", p.CreateWorker.Attempt)
+			errs = append(errs, r.createWorker(ctx, f.node.Name, o.key, p.CreateWorker))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	return r.deleteIfEmpty(ctx, f)
+}
+
+func (r *NMCReconciler) createWorker(ctx context.Context, node, key string, in *fsm.WorkerIntent) error {
+	saSecrets, err := r.saPullSecrets.get(ctx, r.APIReader, r.Clock, in.Entry.Namespace, in.Entry.ServiceAccountName)
+	if err != nil {
+		// No pod without the service account's pull secrets: the next reconcile fails the attempt
+		// (status reason ServiceAccountUnreadable, an Event) and backs off; the read is tried again
+		// at the next attempt (failed reads are not remembered).
+		r.expected().refusedCreate(node, key, fsm.CreateRefusal{Action: in.Action, Attempt: in.Attempt,
+			Reason: fsm.ReasonServiceAccountUnreadable, Message: err.Error()})
+		return fmt.Errorf("the %s worker pod for %s on %s: %w", in.Action, key, node, err)
+	}
+	opts := r.Worker
+	opts.ServiceAccountPullSecrets = saSecrets
+	pod, err := WorkerPod(node, opts, in)
+	if err != nil {
+		r.expected().refusedCreate(node, key, fsm.CreateRefusal{Action: in.Action, Attempt: in.Attempt, Message: err.Error()})
+		return fmt.Errorf("building the %s worker pod for %s on %s: %w", in.Action, key, node, err)
+	}
+	if err := r.createPod(ctx, pod); err != nil {
+		if apierrors.IsAlreadyExists(err) {
+			return nil
+		}
+		if shared.RefusedForGood(err) {
+			// The same pod would be refused again: the next reconcile fails the attempt (status
+			// reason PodRejected, an Event) and backs off.
+			r.expected().refusedCreate(node, key, fsm.CreateRefusal{Action: in.Action, Attempt: in.Attempt, Message: err.Error()})
+		}
+		return fmt.Errorf("creating the %s worker pod for %s on %s: %w", in.Action, key, node, err)
+	}
+	r.expected().created(pod, r.Clock.Now())
+	return nil
+}
+
 // patchLabels writes the node label changes, when there are any.
 func (r *NMCReconciler) patchLabels(ctx context.Context, f *nodeFacts, patch map[string]any) error {
 	if len(patch) == 0 {
@@ -596,17 +520,6 @@ func labelsPatch(labels map[string]any) []byte {
 	return data
 }
 
-// requeueAfter is the earliest retry any pair asked for.
-func requeueAfter(outcomes []pairOutcome) time.Duration {
-	var d time.Duration
-	for _, o := range outcomes {
-		if r := o.result.Plan.RequeueAfter; r > 0 && (d == 0 || r < d) {
-			d = r
-		}
-	}
-	return d
-}
-
 // deleteIfEmpty removes an NMC that has no spec entry, no status entry and no worker pod left;
 // the resourceVersion precondition makes it lose any race with a new spec entry.
 func (r *NMCReconciler) deleteIfEmpty(ctx context.Context, f *nodeFacts) error {
@@ -614,18 +527,5 @@ func (r *NMCReconciler) deleteIfEmpty(ctx context.Context, f *nodeFacts) error {
 		return nil
 	}
 	rv := f.nmc.ResourceVersion
-	return ignoreGone(r.Client.Delete(ctx, f.nmc, client.Preconditions{ResourceVersion: &rv}))
-}
-
-// podReady says whether a pod's Ready condition is true (and it is not being deleted).
-func podReady(p *corev1.Pod) bool {
-	if p.DeletionTimestamp != nil {
-		return false
-	}
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
+	return shared.IgnoreGone(r.Client.Delete(ctx, f.nmc, client.Preconditions{ResourceVersion: &rv}))
 }

@@ -1,4 +1,4 @@
-package controllers
+package node
 
 import (
 	"testing"
@@ -9,6 +9,7 @@ import (
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/contract"
+	"github.com/kmm-project/kmm/controllers/module"
 	"github.com/kmm-project/kmm/fsm"
 )
 
@@ -31,8 +32,8 @@ func TestDrainSparesKMMAndNodeBoundPods(t *testing.T) {
 	}
 	m := &kmmv1beta1.Module{ObjectMeta: metav1.ObjectMeta{Namespace: "drivers", Name: "gpu"},
 		Spec: kmmv1beta1.ModuleSpec{DevicePlugin: &kmmv1beta1.DevicePluginSpec{Container: kmmv1beta1.DevicePluginContainerSpec{Image: "dp:1"}}}}
-	dsName := DevicePluginName(m)
-	tmpl := devicePluginTemplate(dsName, m, devicePluginLabels(m))
+	dsName := module.DevicePluginName(m)
+	tmpl := module.DevicePluginTemplate(m)
 	devicePlugin := &corev1.Pod{ObjectMeta: tmpl.ObjectMeta, Spec: tmpl.Spec}
 	devicePlugin.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: dsName, UID: "ds", Controller: ptr.To(true)}}
 	owned := func(kind string) *corev1.Pod {

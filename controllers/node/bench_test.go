@@ -1,4 +1,4 @@
-package controllers
+package node
 
 import (
 	"context"
@@ -38,23 +38,22 @@ func BenchmarkNoOpReconcile10Modules(b *testing.B) {
 	for b.Loop() {
 		f := &nodeFacts{nmc: nmc, node: node, workers: map[string]*corev1.Pod{}, dpRunning: map[string]bool{},
 			modulesSet: modulesSet, drains: map[string]*kmmv1beta1.DrainSpec{}}
-		outcomes, err := r.decide(ctx, f, t0)
+		d, err := r.decide(ctx, f, t0)
 		if err != nil {
 			b.Fatal(err)
 		}
-		for _, o := range outcomes {
+		for _, o := range d.outcomes {
 			if len(o.result.Fired) != 0 {
 				b.Fatal(o.key, o.result.Fired)
 			}
 		}
-		labels := labelChanges(f, outcomes)
-		if err := r.writeStatus(ctx, f, outcomes, len(labels) > 0); err != nil {
+		if err := r.writeStatus(ctx, f, d); err != nil {
 			b.Fatal(err)
 		}
-		if err := r.patchLabels(ctx, f, labels); err != nil {
+		if err := r.patchLabels(ctx, f, d.labels); err != nil {
 			b.Fatal(err)
 		}
-		if d := requeueAfter(outcomes); d != 0 {
+		if d := d.requeueAfter; d != 0 {
 			b.Fatal(d)
 		}
 	}

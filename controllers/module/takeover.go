@@ -1,4 +1,4 @@
-package controllers
+package module
 
 import (
 	"context"
@@ -13,18 +13,17 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/controllers/shared"
 	"github.com/kmm-project/kmm/fsm"
 )
 
-// A switch from upstream Kernel Module Management (docs/migration.md, issue 18) leaves objects kmm
+// A takeover from upstream Kernel Module Management (docs/migration.md, issue 18) leaves objects kmm
 // takes over here: NMC spec entries whose fields upstream's manager owns (spec.modules as one
 // atomic list, in upstream's schema), upstream's NMC labels, its worker pods with their finalizer,
 // and its finalizer on Modules. The decision about what is loaded is fsm's (fsm/adopt.go).
@@ -32,10 +31,6 @@ import (
 const (
 	// UpstreamModuleFinalizer is upstream KMM's finalizer on Modules; kmm releases it with its own.
 	UpstreamModuleFinalizer = "kmm.node.kubernetes.io/module-finalizer"
-	// upstreamWorkerActionLabel marks upstream KMM's worker pods (Load or Unload).
-	upstreamWorkerActionLabel = "kmm.node.kubernetes.io/worker-action"
-	// upstreamModuleNameLabel names the Module of an upstream worker pod (in the pod's namespace).
-	upstreamModuleNameLabel = "kmm.node.kubernetes.io/module.name"
 	// upstreamNMCLabelPrefix and the suffixes below are upstream's per-Module labels on NMCs.
 	upstreamNMCLabelPrefix = "beta.kmm.node.kubernetes.io/"
 	// takeoverManager is the field manager of the takeover patch. It owns the fields of an entry
@@ -51,24 +46,6 @@ const (
 
 var upstreamNMCLabelSuffixes = []string{".module-configured", ".module-in-use"}
 
-// fieldManager is the field manager of a Module's NMC entries.
-func fieldManager(namespace, name string) string {
-	return "kmm-module/" + namespace + "/" + name
-}
-
-// appliedBy says whether manager applied (server-side) something of the NMC.
-func appliedBy(nmc *kmmv1beta1.NodeModulesConfig, manager string) bool {
-	if nmc == nil {
-		return false
-	}
-	for _, mf := range nmc.ManagedFields {
-		if mf.Manager == manager && mf.Operation == metav1.ManagedFieldsOperationApply && mf.Subresource == "" {
-			return true
-		}
-	}
-	return false
-}
-
 // kmmManaged says whether a managedFields entry is kmm's own: a Module's apply, the takeover patch,
 // or any status write (the status is rewritten whole by the NMC controller, so its ownership
 // matters to no one).
@@ -77,9 +54,9 @@ func kmmManaged(mf metav1.ManagedFieldsEntry) bool {
 		(strings.HasPrefix(mf.Manager, "kmm-module/") && mf.Operation == metav1.ManagedFieldsOperationApply)
 }
 
-// foreignOwned says whether someone else than kmm owns fields of the NMC's spec or metadata:
-// upstream's manager after a switch, or a "before-first-apply" the API server made of them.
-func foreignOwned(nmc *kmmv1beta1.NodeModulesConfig) bool {
+// ownedBeyondKMM says whether someone else than kmm owns fields of the NMC's spec or metadata:
+// upstream's manager after a takeover, or a "before-first-apply" the API server made of them.
+func ownedBeyondKMM(nmc *kmmv1beta1.NodeModulesConfig) bool {
 	if nmc == nil {
 		return false
 	}
@@ -111,7 +88,7 @@ func needsTakeover(nmc *kmmv1beta1.NodeModulesConfig, m *kmmv1beta1.Module) bool
 	if nmc.SpecEntry(m.Namespace, m.Name) == nil {
 		return false
 	}
-	if st := nmc.StatusEntry(m.Namespace, m.Name); st != nil && st.State == "" && st.Config != nil && len(st.Transitions) == 0 {
+	if st := nmc.StatusEntry(m.Namespace, m.Name); st != nil && fsm.UpstreamRecord(st) {
 		return true
 	}
 	for _, s := range upstreamNMCLabelSuffixes {
@@ -129,10 +106,10 @@ func takenOver(nmc *kmmv1beta1.NodeModulesConfig) bool {
 }
 
 // takeOverNeeded says, from the NMC as stored, whether the Module's entry needs the takeover patch:
-// its manager did not apply it, or a foreign manager still owns fields of the NMC (upstream's atomic
+// its manager did not apply it, or a manager other than kmm's still owns fields of the NMC (upstream's atomic
 // ownership of spec.modules makes entry removals fail).
 func takeOverNeeded(nmc *kmmv1beta1.NodeModulesConfig, m *kmmv1beta1.Module) bool {
-	return !appliedBy(nmc, fieldManager(m.Namespace, m.Name)) || foreignOwned(nmc)
+	return !shared.AppliedBy(nmc, shared.FieldManager(m.Namespace, m.Name)) || ownedBeyondKMM(nmc)
 }
 
 // syncTakenOver writes the Module's entry (nil: removes it) on a node whose NMC may hold what
@@ -142,7 +119,7 @@ func takeOverNeeded(nmc *kmmv1beta1.NodeModulesConfig, m *kmmv1beta1.Module) boo
 // alone: a field the Module drops later then goes from the entry (co-owned, it stayed for good).
 // On an NMC taken over before, the release comes first (it may have failed then), so that an apply
 // that drops a field never finds it co-owned.
-func (r *ModuleReconciler) syncTakenOver(ctx context.Context, nodeName string, n *corev1.Node, m *kmmv1beta1.Module, e *kmmv1beta1.NodeModuleSpec) error {
+func (r *Reconciler) syncTakenOver(ctx context.Context, nodeName string, n *corev1.Node, m *kmmv1beta1.Module, e *kmmv1beta1.NodeModuleSpec) error {
 	fresh := &kmmv1beta1.NodeModulesConfig{}
 	if err := r.reader().Get(ctx, client.ObjectKey{Name: nodeName}, fresh); err != nil {
 		return client.IgnoreNotFound(err)
@@ -173,7 +150,7 @@ func (r *ModuleReconciler) syncTakenOver(ctx context.Context, nodeName string, n
 // releaseTakeover removes the Module's entry from what the takeover's field manager owns of the NMC
 // (as stored), once the Module's own manager applied it, with a resourceVersion-guarded patch of
 // managedFields alone. Nothing to release: no write.
-func (r *ModuleReconciler) releaseTakeover(ctx context.Context, nmc *kmmv1beta1.NodeModulesConfig, m *kmmv1beta1.Module) error {
+func (r *Reconciler) releaseTakeover(ctx context.Context, nmc *kmmv1beta1.NodeModulesConfig, m *kmmv1beta1.Module) error {
 	managed, changed, err := releasedEntry(nmc, m.Namespace, m.Name)
 	if err != nil || !changed {
 		return err
@@ -193,7 +170,7 @@ func (r *ModuleReconciler) releaseTakeover(ctx context.Context, nmc *kmmv1beta1.
 // from the takeover manager's fields, and whether that changed anything: only once the Module's
 // manager applied the entry (else no one would own what the takeover wrote).
 func releasedEntry(nmc *kmmv1beta1.NodeModulesConfig, namespace, name string) ([]metav1.ManagedFieldsEntry, bool, error) {
-	if !appliedBy(nmc, fieldManager(namespace, name)) {
+	if !shared.AppliedBy(nmc, shared.FieldManager(namespace, name)) {
 		return nil, false, nil
 	}
 	out := make([]metav1.ManagedFieldsEntry, 0, len(nmc.ManagedFields))
@@ -248,11 +225,11 @@ func withoutEntry(raw []byte, namespace, name string) ([]byte, bool, error) {
 }
 
 // takeOver rewrites the Module's entry on the NMC as kmm decided it (nil: removes it) with one JSON
-// merge patch guarded by the resourceVersion, which also drops every foreign managedFields entry and
+// merge patch guarded by the resourceVersion, which also drops every managedFields entry not kmm's and
 // upstream's NMC labels. A patch replaces the entry whole, so nothing upstream put in it stays (a
 // server-side apply would leave fields no one owns); the Module's apply that follows takes
 // ownership of the entry, so that its later applies, and its removal, work as for any kmm entry.
-func (r *ModuleReconciler) takeOver(ctx context.Context, nmc *kmmv1beta1.NodeModulesConfig, m *kmmv1beta1.Module, e *kmmv1beta1.NodeModuleSpec) error {
+func (r *Reconciler) takeOver(ctx context.Context, nmc *kmmv1beta1.NodeModulesConfig, m *kmmv1beta1.Module, e *kmmv1beta1.NodeModuleSpec) error {
 	modules := make([]kmmv1beta1.NodeModuleSpec, 0, len(nmc.Spec.Modules))
 	for _, cur := range nmc.Spec.Modules {
 		if cur.Namespace == m.Namespace && cur.Name == m.Name {
@@ -300,102 +277,11 @@ func (r *ModuleReconciler) takeOver(ctx context.Context, nmc *kmmv1beta1.NodeMod
 	return nil
 }
 
-// upstreamWorkers lists upstream KMM's worker pods on a node (uncached: kmm's cache holds only its
-// own pods). It is called only for nodes with a record upstream left.
-func upstreamWorkers(ctx context.Context, reader client.Reader, node string) ([]corev1.Pod, error) {
-	req, err := labels.NewRequirement(upstreamWorkerActionLabel, selection.Exists, nil)
-	if err != nil {
-		return nil, err
-	}
-	pods := &corev1.PodList{}
-	// spec.nodeName is a field selector the API server answers for pods: one node's pods, not all.
-	if err := reader.List(ctx, pods, client.MatchingLabelsSelector{Selector: labels.NewSelector().Add(*req)},
-		client.MatchingFields{"spec.nodeName": node}); err != nil {
-		return nil, err
-	}
-	var out []corev1.Pod
-	for _, p := range pods.Items {
-		if p.Spec.NodeName == node {
-			out = append(out, p)
-		}
-	}
-	return out, nil
-}
-
-// upstreamWorkerKey is the module key of an upstream worker pod.
-func upstreamWorkerKey(p *corev1.Pod) string {
-	name := p.Labels[upstreamModuleNameLabel]
-	if name == "" {
-		// Upstream names its worker pods kmm-worker-<node>-<module>.
-		name = strings.TrimPrefix(p.Name, "kmm-worker-"+p.Spec.NodeName+"-")
-	}
-	return p.Namespace + "/" + name
-}
-
-// releaseUpstreamWorker removes the finalizers of a finished upstream worker pod and deletes it:
-// upstream is not there to do it, and the pod's outcome is in upstream's record already (a pod
-// that never reported leaves a record kmm does not adopt, so the module is loaded again).
-func releaseUpstreamWorker(ctx context.Context, c client.Client, p *corev1.Pod) error {
-	if len(p.Finalizers) > 0 {
-		data, _ := json.Marshal(map[string]any{"metadata": map[string]any{"finalizers": nil, "resourceVersion": p.ResourceVersion}})
-		if err := c.Patch(ctx, p, client.RawPatch(types.MergePatchType, data)); err != nil {
-			return ignoreGone(err)
-		}
-	}
-	if p.DeletionTimestamp == nil {
-		return ignoreGone(c.Delete(ctx, p, client.Preconditions{UID: &p.UID}))
-	}
-	return nil
-}
-
-// hasForeignRecord says whether an NMC has a status entry upstream KMM left (a config, no state).
-func hasForeignRecord(nmc *kmmv1beta1.NodeModulesConfig) bool {
-	for i := range nmc.Status.Modules {
-		if st := &nmc.Status.Modules[i]; st.State == "" && st.Config != nil && len(st.Transitions) == 0 {
-			return true
-		}
-	}
-	return false
-}
-
-// gatherUpstream fills in, for a node with a record upstream left, which pairs still have a running
-// upstream worker pod, and releases the finished ones (their outcome is in upstream's record, or
-// missing from it, which kmm does not adopt).
-func (r *NMCReconciler) gatherUpstream(ctx context.Context, f *nodeFacts) error {
-	if !hasForeignRecord(f.nmc) || r.APIReader == nil {
-		return nil
-	}
-	fresh := &kmmv1beta1.NodeModulesConfig{}
-	if err := r.APIReader.Get(ctx, client.ObjectKey{Name: f.nmc.Name}, fresh); err != nil {
-		return err
-	}
-	f.appliedByKMM = map[string]bool{}
-	for _, e := range fresh.Spec.Modules {
-		f.appliedByKMM[e.Namespace+"/"+e.Name] = appliedBy(fresh, fieldManager(e.Namespace, e.Name))
-	}
-	pods, err := upstreamWorkers(ctx, r.APIReader, f.nmc.Name)
-	if err != nil {
-		return fmt.Errorf("listing upstream KMM's worker pods: %w", err)
-	}
-	f.upstreamWorkers = map[string]bool{}
-	for i := range pods {
-		p := &pods[i]
-		if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
-			f.upstreamWorkers[upstreamWorkerKey(p)] = true // still running: its pair waits
-			continue
-		}
-		if err := releaseUpstreamWorker(ctx, r.Client, p); err != nil {
-			return fmt.Errorf("releasing upstream KMM's worker pod %s/%s: %w", p.Namespace, p.Name, err)
-		}
-	}
-	return nil
-}
-
 // removeOrphanedEntries handles a Module that does not exist (in the cache): the spec entries NMCs
 // still have of it (orphaned: no reconcile of the Module will ever write them again) are removed
 // once fsm.DecideOrphans says the grace is over, each by the takeover patch, with an Event on the
 // NMC; the NMC controller then unloads the module there as for any removed entry.
-func (r *ModuleReconciler) removeOrphanedEntries(ctx context.Context, key types.NamespacedName) (ctrl.Result, error) {
+func (r *Reconciler) removeOrphanedEntries(ctx context.Context, key types.NamespacedName) (ctrl.Result, error) {
 	log := ctrl.LoggerFrom(ctx).WithValues("module", key.String())
 	nmcs := &kmmv1beta1.NodeModulesConfigList{}
 	if err := r.Client.List(ctx, nmcs); err != nil {

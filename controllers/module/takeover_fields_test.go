@@ -1,4 +1,4 @@
-package controllers
+package module
 
 import (
 	"testing"
@@ -6,6 +6,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/controllers/shared"
 )
 
 // TestReleasedEntry: the takeover's manager gives up one Module's entry, and only once that
@@ -16,7 +17,7 @@ func TestReleasedEntry(t *testing.T) {
 			`"k:{\"name\":\"nic\",\"namespace\":\"drivers\"}":{"f:config":{},"f:tolerations":{}},` +
 			`"k:{\"name\":\"gpu\",\"namespace\":\"drivers\"}":{"f:config":{}}}}}`)}
 	applied := func(name string) metav1.ManagedFieldsEntry {
-		return metav1.ManagedFieldsEntry{Manager: fieldManager("drivers", name), Operation: metav1.ManagedFieldsOperationApply}
+		return metav1.ManagedFieldsEntry{Manager: shared.FieldManager("drivers", name), Operation: metav1.ManagedFieldsOperationApply}
 	}
 	nmc := &kmmv1beta1.NodeModulesConfig{ObjectMeta: metav1.ObjectMeta{ManagedFields: []metav1.ManagedFieldsEntry{takeover, applied("nic")}}}
 
