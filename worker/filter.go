@@ -116,11 +116,7 @@ func planEntry(hdr *tar.Header, f filter) (entryPlan, error) {
 	case tar.TypeReg, tar.TypeRegA: //nolint:staticcheck // old archives still use TypeRegA for files
 		return entryPlan{Action: fileEntry, Path: p}, nil
 	case tar.TypeSymlink:
-		if host, err := f.hostLink(hdr.Name, p, hdr.Linkname); host || err != nil {
-			return entryPlan{Action: hostLinkEntry, Path: p, Target: f.HostTarget}, err
-		}
-		target, err := symlinkTarget(hdr.Name, dir, hdr.Linkname)
-		return entryPlan{Action: symlinkEntry, Path: p, Target: target}, err
+		return f.symlinkPlan(hdr, p, dir)
 	case tar.TypeLink:
 		target, err := cleanEntryName(hdr.Linkname)
 		if err != nil {
@@ -144,6 +140,15 @@ func whiteoutPlan(action entryAction, p string, f filter) entryPlan {
 		return entryPlan{}
 	}
 	return entryPlan{Action: action, Path: p}
+}
+
+// symlinkPlan decides on a symlink at p (in directory dir): the host link, or a link of the image.
+func (f filter) symlinkPlan(hdr *tar.Header, p, dir string) (entryPlan, error) {
+	if host, err := f.hostLink(hdr.Name, p, hdr.Linkname); host || err != nil {
+		return entryPlan{Action: hostLinkEntry, Path: p, Target: f.HostTarget}, err
+	}
+	target, err := symlinkTarget(hdr.Name, dir, hdr.Linkname)
+	return entryPlan{Action: symlinkEntry, Path: p, Target: target}, err
 }
 
 // hostLink reports whether the symlink at p (named name in the archive) with target is the host

@@ -20,18 +20,18 @@ import (
 var _ conversion.Convertible = &PreflightValidation{}
 
 // ConvertTo converts this PreflightValidation to the hub version (v1beta2).
-func (src *PreflightValidation) ConvertTo(hub conversion.Hub) error {
+func (pv *PreflightValidation) ConvertTo(hub conversion.Hub) error {
 	dst, ok := hub.(*kmmv1beta2.PreflightValidation)
 	if !ok {
 		return fmt.Errorf("converting a v1beta1 PreflightValidation to %T: only v1beta2 is the hub", hub)
 	}
-	dst.ObjectMeta = src.ObjectMeta
-	dst.Spec = kmmv1beta2.PreflightValidationSpec{KernelVersion: src.Spec.KernelVersion, PushBuiltImage: src.Spec.PushBuiltImage}
-	dst.Status = kmmv1beta2.PreflightValidationStatus{ObservedGeneration: src.Status.ObservedGeneration}
-	if src.Status.Modules != nil {
-		dst.Status.Modules = make([]kmmv1beta2.PreflightValidationModuleStatus, len(src.Status.Modules))
+	dst.ObjectMeta = pv.ObjectMeta
+	dst.Spec = kmmv1beta2.PreflightValidationSpec{KernelVersion: pv.Spec.KernelVersion, PushBuiltImage: pv.Spec.PushBuiltImage}
+	dst.Status = kmmv1beta2.PreflightValidationStatus{ObservedGeneration: pv.Status.ObservedGeneration}
+	if pv.Status.Modules != nil {
+		dst.Status.Modules = make([]kmmv1beta2.PreflightValidationModuleStatus, len(pv.Status.Modules))
 	}
-	for i, m := range src.Status.Modules {
+	for i, m := range pv.Status.Modules {
 		dst.Status.Modules[i] = kmmv1beta2.PreflightValidationModuleStatus{
 			Namespace: m.Namespace, Name: m.Name,
 			VerificationStatus: statusToV1beta2(m.VerificationStatus, m.VerificationStage), VerificationStage: m.VerificationStage,
@@ -42,19 +42,19 @@ func (src *PreflightValidation) ConvertTo(hub conversion.Hub) error {
 }
 
 // ConvertFrom converts the hub version (v1beta2) to this PreflightValidation.
-func (dst *PreflightValidation) ConvertFrom(hub conversion.Hub) error {
+func (pv *PreflightValidation) ConvertFrom(hub conversion.Hub) error {
 	src, ok := hub.(*kmmv1beta2.PreflightValidation)
 	if !ok {
 		return fmt.Errorf("converting %T to a v1beta1 PreflightValidation: only v1beta2 is the hub", hub)
 	}
-	dst.ObjectMeta = src.ObjectMeta
-	dst.Spec = PreflightValidationSpec{KernelVersion: src.Spec.KernelVersion, PushBuiltImage: src.Spec.PushBuiltImage}
-	dst.Status = PreflightValidationStatus{ObservedGeneration: src.Status.ObservedGeneration}
+	pv.ObjectMeta = src.ObjectMeta
+	pv.Spec = PreflightValidationSpec{KernelVersion: src.Spec.KernelVersion, PushBuiltImage: src.Spec.PushBuiltImage}
+	pv.Status = PreflightValidationStatus{ObservedGeneration: src.Status.ObservedGeneration}
 	if src.Status.Modules != nil {
-		dst.Status.Modules = make([]PreflightValidationModuleStatus, len(src.Status.Modules))
+		pv.Status.Modules = make([]PreflightValidationModuleStatus, len(src.Status.Modules))
 	}
 	for i, m := range src.Status.Modules {
-		dst.Status.Modules[i] = PreflightValidationModuleStatus{
+		pv.Status.Modules[i] = PreflightValidationModuleStatus{
 			Namespace: m.Namespace, Name: m.Name,
 			VerificationStatus: statusFromV1beta2(m.VerificationStatus), VerificationStage: m.VerificationStage,
 			Reason: m.Reason, StatusReason: m.StatusReason, Image: m.Image, LastTransitionTime: m.LastTransitionTime,

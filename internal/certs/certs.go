@@ -81,9 +81,9 @@ type Options struct {
 	Namespace  string
 	// WebhookConfigName is the ValidatingWebhookConfiguration whose caBundle is kept current.
 	WebhookConfigName string
-	// ConversionCRDs are the CustomResourceDefinitions whose conversion webhook (served by the same
-	// server, at /convert) gets the same caBundle.
-	ConversionCRDs []string
+	// ConversionCRD is the CustomResourceDefinition whose conversion webhook (served by the same
+	// server, at /convert) gets the same caBundle; "" none.
+	ConversionCRD string
 	// ServiceName is the webhook Service: the certificate is for <ServiceName>.<Namespace>.svc.
 	ServiceName string
 	// MetricsServiceName, when set, is the metrics Service: the certificate also covers
@@ -107,7 +107,7 @@ func DefaultOptions() Options {
 		SecretName:         "kmm-webhook-cert",
 		Namespace:          "kmm-system",
 		WebhookConfigName:  "kmm-validating-webhook",
-		ConversionCRDs:     []string{"preflightvalidations.kmm.sigs.x-k8s.io"},
+		ConversionCRD:      "preflightvalidations.kmm.sigs.x-k8s.io",
 		ServiceName:        "kmm-webhook-service",
 		MetricsServiceName: "kmm-metrics-service",
 		Validity:           365 * 24 * time.Hour,
@@ -267,11 +267,11 @@ func Setup(mgr ctrl.Manager, o Options) (<-chan struct{}, error) {
 }
 
 // webhooks are the objects the rotator injects the caBundle into: the webhook configuration and
-// the CRDs with a conversion webhook. A missing one is skipped (and logged) by the rotator.
+// the CRD with a conversion webhook. A missing one is skipped (and logged) by the rotator.
 func (o Options) webhooks() []rotator.WebhookInfo {
 	w := []rotator.WebhookInfo{{Name: o.WebhookConfigName, Type: rotator.Validating}}
-	for _, crd := range o.ConversionCRDs {
-		w = append(w, rotator.WebhookInfo{Name: crd, Type: rotator.CRDConversion})
+	if o.ConversionCRD != "" {
+		w = append(w, rotator.WebhookInfo{Name: o.ConversionCRD, Type: rotator.CRDConversion})
 	}
 	return w
 }

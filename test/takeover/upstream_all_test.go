@@ -233,4 +233,3 @@ func startOperator(t *testing.T, cfg *rest.Config) {
 		}
 	})
 }
-
