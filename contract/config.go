@@ -16,6 +16,11 @@ import (
 // ModprobeSpec.DirName is empty (the API's default).
 const DefaultDirName = "/opt"
 
+// HostModulesDir is where a worker pod sees the node's /lib/modules a second time (read-only),
+// as upstream KMM's worker does: a kmod image may link <dirName>/lib/modules/<kernel>/host to
+// HostModulesDir/<kernel> so that modprobe resolves in-tree dependencies (docs/api.md).
+const HostModulesDir = "/host/lib/modules"
+
 // DefaultFirmwareHostPath is where firmware is installed on the host when Config.FirmwareHostPath is empty.
 const DefaultFirmwareHostPath = "/var/lib/firmware"
 

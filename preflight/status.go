@@ -3,7 +3,7 @@ package preflight
 import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	kmmv1beta2 "github.com/kmm-project/kmm/api/v1beta2"
 )
 
 // maxMessage is the longest statusReason written (the schema's bound).
@@ -11,20 +11,20 @@ const maxMessage = 1024
 
 // Status is the PreflightValidation status for verdicts (sorted by namespace and name), computed
 // from the stored one: an entry keeps its lastTransitionTime while its verification status and
-// reason stay the same. At most kmmv1beta1.MaxPreflightModules entries are written; left says how
+// reason stay the same. At most kmmv1beta2.MaxPreflightModules entries are written; left says how
 // many verdicts did not fit. Changed lists the verdicts whose status or reason differ from the
 // stored entry (new Modules included): those that get an Event.
-func Status(old kmmv1beta1.PreflightValidationStatus, generation int64, verdicts []Verdict, now metav1.Time) (st kmmv1beta1.PreflightValidationStatus, changed []Verdict, left int) {
-	prev := make(map[string]kmmv1beta1.PreflightValidationModuleStatus, len(old.Modules))
+func Status(old kmmv1beta2.PreflightValidationStatus, generation int64, verdicts []Verdict, now metav1.Time) (st kmmv1beta2.PreflightValidationStatus, changed []Verdict, left int) {
+	prev := make(map[string]kmmv1beta2.PreflightValidationModuleStatus, len(old.Modules))
 	for _, e := range old.Modules {
 		prev[e.Namespace+"/"+e.Name] = e
 	}
-	if len(verdicts) > kmmv1beta1.MaxPreflightModules {
-		left = len(verdicts) - kmmv1beta1.MaxPreflightModules
-		verdicts = verdicts[:kmmv1beta1.MaxPreflightModules]
+	if len(verdicts) > kmmv1beta2.MaxPreflightModules {
+		left = len(verdicts) - kmmv1beta2.MaxPreflightModules
+		verdicts = verdicts[:kmmv1beta2.MaxPreflightModules]
 	}
 	st.ObservedGeneration = generation
-	st.Modules = make([]kmmv1beta1.PreflightValidationModuleStatus, 0, len(verdicts))
+	st.Modules = make([]kmmv1beta2.PreflightValidationModuleStatus, 0, len(verdicts))
 	for _, v := range verdicts {
 		e := entry(v, now)
 		if p, ok := prev[v.Key()]; ok && p.VerificationStatus == e.VerificationStatus && p.Reason == e.Reason {
@@ -37,23 +37,24 @@ func Status(old kmmv1beta1.PreflightValidationStatus, generation int64, verdicts
 	return st, changed, left
 }
 
-// entry is the status entry of one verdict.
-func entry(v Verdict, now metav1.Time) kmmv1beta1.PreflightValidationModuleStatus {
-	e := kmmv1beta1.PreflightValidationModuleStatus{
+// entry is the status entry of one verdict: Success, InProgress while the check is retried (stage
+// Image), else Failure (stage Done).
+func entry(v Verdict, now metav1.Time) kmmv1beta2.PreflightValidationModuleStatus {
+	e := kmmv1beta2.PreflightValidationModuleStatus{
 		Namespace:          v.Namespace,
 		Name:               v.Name,
-		VerificationStatus: kmmv1beta1.VerificationFalse,
-		VerificationStage:  kmmv1beta1.VerificationStageDone,
+		VerificationStatus: kmmv1beta2.VerificationFailure,
+		VerificationStage:  kmmv1beta2.VerificationStageDone,
 		Reason:             v.Reason,
 		StatusReason:       truncate(v.Message, maxMessage),
 		Image:              truncate(v.Image, maxMessage),
 		LastTransitionTime: now,
 	}
-	if v.Verified {
-		e.VerificationStatus = kmmv1beta1.VerificationTrue
-	}
 	if !v.Final {
-		e.VerificationStage = kmmv1beta1.VerificationStageImage
+		e.VerificationStatus, e.VerificationStage = kmmv1beta2.VerificationInProgress, kmmv1beta2.VerificationStageImage
+	}
+	if v.Verified {
+		e.VerificationStatus = kmmv1beta2.VerificationSuccess
 	}
 	return e
 }
@@ -71,9 +72,9 @@ func truncate(s string, n int) string {
 }
 
 // VerdictOf reads a verdict back from a status entry (for printing a stored PreflightValidation).
-func VerdictOf(e kmmv1beta1.PreflightValidationModuleStatus) Verdict {
+func VerdictOf(e kmmv1beta2.PreflightValidationModuleStatus) Verdict {
 	return Verdict{
-		Namespace: e.Namespace, Name: e.Name, Verified: e.VerificationStatus == kmmv1beta1.VerificationTrue,
-		Reason: e.Reason, Message: e.StatusReason, Image: e.Image, Final: e.VerificationStage == kmmv1beta1.VerificationStageDone,
+		Namespace: e.Namespace, Name: e.Name, Verified: e.VerificationStatus == kmmv1beta2.VerificationSuccess,
+		Reason: e.Reason, Message: e.StatusReason, Image: e.Image, Final: e.VerificationStage == kmmv1beta2.VerificationStageDone,
 	}
 }

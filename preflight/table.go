@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"io"
 	"text/tabwriter"
+
+	kmmv1beta2 "github.com/kmm-project/kmm/api/v1beta2"
 )
 
 // WriteTable prints one row per Module: the Module, whether it is served on the kernel, the reason
@@ -25,12 +27,16 @@ func WriteTable(w io.Writer, kernel string, verdicts []Verdict) error {
 	return tw.Flush()
 }
 
-// verified is the VerificationStatus word of a verdict.
+// verified is the VerificationStatus word of a verdict, as the stored PreflightValidation (v1beta2)
+// spells it.
 func verified(v Verdict) string {
-	if v.Verified {
-		return "True"
+	switch {
+	case v.Verified:
+		return kmmv1beta2.VerificationSuccess
+	case !v.Final:
+		return kmmv1beta2.VerificationInProgress
 	}
-	return "False"
+	return kmmv1beta2.VerificationFailure
 }
 
 // Summary counts the verdicts: how many Modules are served and how many are not.

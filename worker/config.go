@@ -38,6 +38,12 @@ func kernelDir(mc kmmv1beta1.ModuleConfig) string {
 	return path.Join(modulesRoot(mc), "lib/modules", mc.KernelVersion)
 }
 
+// hostLink is the extraction-root-relative <dirName>/lib/modules/<kernel>/host: the one entry of
+// the image that may link to the node's module tree of the same kernel.
+func hostLink(mc kmmv1beta1.ModuleConfig) string {
+	return path.Join(kernelDir(mc), "host")
+}
+
 // firmwareDir is the extraction-root-relative firmware directory, "" when FirmwarePath is not set.
 func firmwareDir(mc kmmv1beta1.ModuleConfig) string {
 	if mc.Modprobe.FirmwarePath == "" {

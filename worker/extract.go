@@ -268,7 +268,7 @@ func (x *extractor) apply(r io.Reader, hdr *tar.Header) error {
 		err = x.mkdir(plan.Path)
 	case fileEntry:
 		err = x.writeFile(r, hdr, plan.Path)
-	case symlinkEntry:
+	case symlinkEntry, hostLinkEntry:
 		err = x.symlink(plan)
 	case hardlinkEntry:
 		err = x.hardlink(plan)
@@ -365,6 +365,9 @@ func (x *extractor) writeFile(r io.Reader, hdr *tar.Header, p string) error {
 	return err
 }
 
+// symlink creates a link of the image. The host link's target is absolute and outside the root:
+// the root refuses to write, create or resolve anything through it, so nothing is written to the
+// node's module tree.
 func (x *extractor) symlink(plan entryPlan) error {
 	if err := x.root.MkdirAll(x.at(path.Dir(plan.Path)), 0o755); err != nil {
 		return err

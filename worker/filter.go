@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"path"
 	"strings"
+
+	"github.com/kmm-project/kmm/contract"
 )
 
 // entryAction is what the extractor does with one archive entry.
@@ -17,6 +19,7 @@ const (
 	fileEntry
 	symlinkEntry
 	hardlinkEntry
+	hostLinkEntry // the link <kernel dir>/host to the node's module tree of the same kernel
 	whiteoutEntry // remove Path (and what is below it) as extracted from lower layers
 	opaqueEntry   // remove what is below Path as extracted from lower layers
 )
@@ -44,6 +47,11 @@ func (e *unsafeEntryError) Error() string {
 // filter says which parts of the image are extracted: the subtrees Dirs (clean, relative, non-empty).
 type filter struct {
 	Dirs []string
+	// HostLink is the one entry that may link out of the image: <dirName>/lib/modules/<kernel>/host,
+	// whose target must be HostLinkTarget (contract.HostModulesDir/<kernel>, as the image stores
+	// it); it is extracted as a link to HostTarget (where the worker sees the node's tree of that
+	// kernel). HostTarget "" refuses it (no node tree mounted).
+	HostLink, HostLinkTarget, HostTarget string
 }
 
 // wants reports whether p is inside one of the extracted subtrees.
@@ -108,8 +116,7 @@ func planEntry(hdr *tar.Header, f filter) (entryPlan, error) {
 	case tar.TypeReg, tar.TypeRegA: //nolint:staticcheck // old archives still use TypeRegA for files
 		return entryPlan{Action: fileEntry, Path: p}, nil
 	case tar.TypeSymlink:
-		target, err := symlinkTarget(hdr.Name, dir, hdr.Linkname)
-		return entryPlan{Action: symlinkEntry, Path: p, Target: target}, err
+		return f.symlinkPlan(hdr, p, dir)
 	case tar.TypeLink:
 		target, err := cleanEntryName(hdr.Linkname)
 		if err != nil {
@@ -134,6 +141,38 @@ func whiteoutPlan(action entryAction, p string, f filter) entryPlan {
 	}
 	return entryPlan{Action: action, Path: p}
 }
+
+// symlinkPlan decides on a symlink at p (in directory dir): the host link, or a link of the image.
+func (f filter) symlinkPlan(hdr *tar.Header, p, dir string) (entryPlan, error) {
+	if host, err := f.hostLink(hdr.Name, p, hdr.Linkname); host || err != nil {
+		return entryPlan{Action: hostLinkEntry, Path: p, Target: f.HostTarget}, err
+	}
+	target, err := symlinkTarget(hdr.Name, dir, hdr.Linkname)
+	return entryPlan{Action: symlinkEntry, Path: p, Target: target}, err
+}
+
+// hostLink reports whether the symlink at p (named name in the archive) with target is the host
+// link. A link into the node's filesystem (an absolute target below /host, where worker pods see
+// the node) that is not exactly the host link is refused: another kernel's tree, a subdirectory,
+// another place in the image, or a worker that does not see the node's tree.
+func (f filter) hostLink(name, p, target string) (bool, error) {
+	clean := path.Clean(target)
+	if f.HostLink == "" || !strings.HasPrefix(target, "/") || (clean != hostPrefix && !strings.HasPrefix(clean, hostPrefix+"/")) {
+		return false, nil
+	}
+	switch {
+	case p != f.HostLink:
+		return false, &unsafeEntryError{Name: name, Why: fmt.Sprintf("symlink to %q into the node's filesystem: only %s may link there", target, f.HostLink)}
+	case clean != f.HostLinkTarget:
+		return false, &unsafeEntryError{Name: name, Why: fmt.Sprintf("the host link must point to %s (the node's modules of this kernel), not %q", f.HostLinkTarget, target)}
+	case f.HostTarget == "":
+		return false, &unsafeEntryError{Name: name, Why: "the host link needs the node's /lib/modules, which this worker does not see"}
+	}
+	return true, nil
+}
+
+// hostPrefix is where worker pods see the node's directories (contract.HostModulesDir is below it).
+var hostPrefix = path.Dir(path.Dir(contract.HostModulesDir))
 
 // symlinkTarget checks the target of a symlink at dir/… and returns the text to store. An absolute
 // target means a path of the image, so it is rewritten relative to the link (it then resolves inside

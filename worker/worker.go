@@ -7,7 +7,9 @@ import (
 	"io/fs"
 	"net/http"
 	"os"
+	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -54,6 +56,11 @@ type Options struct {
 	Modprobe Modprobe
 	// Host is the node's filesystem. Required.
 	Host Host
+	// HostModulesDir is where the node's /lib/modules is seen (contract.HostModulesDir in a worker
+	// pod). When set, the image's <dirName>/lib/modules/<kernel>/host may link to
+	// contract.HostModulesDir/<kernel>: it is extracted as a link to HostModulesDir/<kernel>, and
+	// modprobe may load in-tree modules from there. "" refuses that link.
+	HostModulesDir string
 	// TempDir holds short-lived files such as the softdep config; "" means os.TempDir().
 	TempDir string
 	// Log receives one line per step; the zero value discards.
@@ -78,7 +85,7 @@ func New(opts Options) (*Worker, error) {
 	// modprobe gets paths below the cache as -d and -C, and prints the module files it would load
 	// from them; the path check compares those with the module directory, so both must be absolute
 	// whatever directory the worker runs in.
-	for _, p := range []*string{&opts.CacheDir, &opts.TempDir} {
+	for _, p := range []*string{&opts.CacheDir, &opts.TempDir, &opts.HostModulesDir} {
 		if *p == "" {
 			continue
 		}
@@ -273,7 +280,7 @@ func (w *Worker) fetch(ctx context.Context, namespace string, mc kmmv1beta1.Modu
 	out := fetched{digest: d, root: c.entry(d, key), fromCache: c.has(d, key), release: release}
 	if !out.fromCache {
 		spec := extractSpec{
-			Filter:      newFilter(mc),
+			Filter:      newFilter(mc, w.opts.HostModulesDir),
 			KernelDir:   kernelDir(mc),
 			FirmwareDir: firmwareDir(mc),
 			MaxBytes:    w.opts.MaxExtractBytes,
@@ -359,9 +366,13 @@ func knownDigest(reg *registryClient, c cache, policy corev1.PullPolicy) (v1.Has
 	return h, ok, nil
 }
 
-// newFilter selects the kernel directory and the firmware directory of mc.
-func newFilter(mc kmmv1beta1.ModuleConfig) filter {
-	f := filter{Dirs: []string{kernelDir(mc)}}
+// newFilter selects the kernel directory and the firmware directory of mc, and allows the host
+// link of the kernel directory when the worker sees the node's module tree at hostModules.
+func newFilter(mc kmmv1beta1.ModuleConfig, hostModules string) filter {
+	f := filter{Dirs: []string{kernelDir(mc)}, HostLink: hostLink(mc), HostLinkTarget: path.Join(contract.HostModulesDir, mc.KernelVersion)}
+	if hostModules != "" {
+		f.HostTarget = filepath.Join(hostModules, mc.KernelVersion)
+	}
 	if fw := firmwareDir(mc); fw != "" {
 		f.Dirs = append(f.Dirs, fw)
 	}
@@ -381,7 +392,7 @@ func (w *Worker) load(ctx context.Context, log logr.Logger, cfg contract.Config,
 	if err != nil {
 		return classified(contract.ReasonOther, err)
 	}
-	if err := w.checkDepends(ctx, log, args, filepath.Join(root, kernelDir(mc))); err != nil {
+	if err := w.checkDepends(ctx, log, args, w.moduleDirs(root, mc)); err != nil {
 		return err
 	}
 	for _, m := range mc.InTreeModulesToRemove {
@@ -416,11 +427,22 @@ func (w *Worker) unload(ctx context.Context, log logr.Logger, cfg contract.Confi
 	})
 }
 
+// moduleDirs are the directories modprobe may load module files from: the image's module
+// directory and, when the worker sees the node's module tree, that tree for the same kernel (the
+// in-tree modules the image's host link reaches).
+func (w *Worker) moduleDirs(root string, mc kmmv1beta1.ModuleConfig) []string {
+	dirs := []string{filepath.Join(root, kernelDir(mc))}
+	if w.opts.HostModulesDir != "" {
+		dirs = append(dirs, filepath.Join(w.opts.HostModulesDir, mc.KernelVersion))
+	}
+	return dirs
+}
+
 // checkDepends runs modprobe --show-depends with the load's arguments and refuses the load when a
 // module file it would insmod does not resolve (symlinks included) inside the image's module
-// directory: a crafted modules.dep.bin can name any file of the node. A rawArgs load is checked
-// the same way, after LoadArgs checked and rewrote its argv.
-func (w *Worker) checkDepends(ctx context.Context, log logr.Logger, loadArgs []string, moduleDir string) error {
+// directory or the node's tree of the same kernel: a crafted modules.dep.bin can name any file of
+// the node. A rawArgs load is checked the same way, after LoadArgs checked and rewrote its argv.
+func (w *Worker) checkDepends(ctx context.Context, log logr.Logger, loadArgs []string, moduleDirs []string) error {
 	args := ShowDependsArgs(loadArgs)
 	if args == nil {
 		return nil
@@ -431,22 +453,29 @@ func (w *Worker) checkDepends(ctx context.Context, log logr.Logger, loadArgs []s
 	}
 	paths := insmodPaths(string(stdout))
 	log.V(1).Info("Module files to load", "paths", paths)
-	return checkInside(moduleDir, paths)
+	return checkInside(moduleDirs, paths)
 }
 
-// checkInside refuses a path that does not resolve inside dir.
-func checkInside(dir string, paths []string) error {
-	realDir, err := filepath.EvalSymlinks(dir)
-	if err != nil {
-		return classified(contract.ReasonOther, fmt.Errorf("resolving the module directory: %w", err))
+// checkInside refuses a path that does not resolve inside one of dirs (the first is the image's
+// module directory and must exist; the others may be missing).
+func checkInside(dirs []string, paths []string) error {
+	realDirs := make([]string, 0, len(dirs))
+	for i, d := range dirs {
+		real, err := filepath.EvalSymlinks(d)
+		if err != nil && i == 0 {
+			return classified(contract.ReasonOther, fmt.Errorf("resolving the module directory: %w", err))
+		}
+		if err == nil {
+			realDirs = append(realDirs, real)
+		}
 	}
 	for _, p := range paths {
 		real, err := filepath.EvalSymlinks(p)
 		if err != nil {
 			return errorf(contract.ReasonOther, "refusing to load %s: it does not resolve inside the module directory of the image: %v", p, err)
 		}
-		if !isInside(realDir, real) {
-			return errorf(contract.ReasonOther, "refusing to load %s: it resolves to %s, outside the module directory of the image", p, real)
+		if !slices.ContainsFunc(realDirs, func(d string) bool { return isInside(d, real) }) {
+			return errorf(contract.ReasonOther, "refusing to load %s: it resolves to %s, outside the module directory of the image and the node's modules of the kernel", p, real)
 		}
 	}
 	return nil

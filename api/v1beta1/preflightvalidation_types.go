@@ -52,11 +52,6 @@ const (
 	PreflightReasonSecretForbidden = "SecretForbidden"
 )
 
-// MaxPreflightModules bounds status.modules of a PreflightValidation: the Modules verified in one
-// cluster. The controller reports the first ones by namespace and name and says, in an Event, how
-// many it left out.
-const MaxPreflightModules = 2000
-
 // PreflightValidationSpec names the kernel that every Module is checked against.
 type PreflightValidationSpec struct {
 	// KernelVersion is the kernel the nodes will run after the upgrade, as
@@ -129,7 +124,8 @@ type PreflightValidationStatus struct {
 }
 
 // PreflightValidation asks, before a kernel upgrade, whether every Module is served on the new
-// kernel: whether a kernel mapping matches it and the image that mapping names exists.
+// kernel: whether a kernel mapping matches it and the image that mapping names exists. This
+// version is served and converted to and from v1beta2, the stored version.
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:resource:scope=Cluster,shortName=pfv

@@ -9,7 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	kmmv1beta2 "github.com/kmm-project/kmm/api/v1beta2"
 	"github.com/kmm-project/kmm/preflight"
 	"github.com/kmm-project/kmm/test/preflightbed"
 )
@@ -24,7 +24,7 @@ func TestPreflightAgainstTheOperator(t *testing.T) {
 	k8s := cluster.Client
 	kubeconfig := writeKubeconfig(t, cluster.Env)
 	s := preflightbed.Setup(ctx, t, k8s, "pf-cli")
-	pv := &kmmv1beta1.PreflightValidation{ObjectMeta: metav1.ObjectMeta{Name: "cli"}, Spec: kmmv1beta1.PreflightValidationSpec{KernelVersion: preflightbed.Target}}
+	pv := &kmmv1beta2.PreflightValidation{ObjectMeta: metav1.ObjectMeta{Name: "cli"}, Spec: kmmv1beta2.PreflightValidationSpec{KernelVersion: preflightbed.Target}}
 	if err := k8s.Create(ctx, pv); err != nil {
 		t.Fatal(err)
 	}

@@ -67,6 +67,7 @@ type flags struct {
 	pullSecret     string
 	cacheDir       string
 	hostRoot       string
+	hostModules    string
 	terminationLog string
 	modprobe       string
 	maxBytes       int64
@@ -117,6 +118,7 @@ func parseFlags(args []string, errOut io.Writer) (flags, error) {
 	fs.StringVar(&f.pullSecret, "pull-secret", "", "Pull secret in docker-config form (.dockerconfigjson); empty for anonymous pulls.")
 	fs.StringVar(&f.cacheDir, "cache-dir", "/var/lib/kmm/cache", "Digest-keyed image cache; a host path so that it survives the pod.")
 	fs.StringVar(&f.hostRoot, "host-root", "/", "Where the host's / is: boot ID, firmware directory and sysfs are read and written below it.")
+	fs.StringVar(&f.hostModules, "host-modules-dir", contract.HostModulesDir, "Where the node's /lib/modules is mounted read-only: a kmod image's <dirName>/lib/modules/<kernel>/host may link to "+contract.HostModulesDir+"/<kernel> to resolve in-tree dependencies there; empty refuses that link.")
 	fs.StringVar(&f.terminationLog, "termination-log", "/dev/termination-log", "File the JSON result is written to.")
 	fs.StringVar(&f.modprobe, "modprobe", "/usr/sbin/modprobe", "The modprobe binary.")
 	fs.Int64Var(&f.maxBytes, "max-extract-bytes", worker.DefaultMaxExtractBytes, "Cap on the file bytes extracted from the image.")
@@ -234,6 +236,7 @@ func execute(ctx context.Context, f flags, log logr.Logger) contract.Result {
 		DryRun:          f.dryRun,
 		Modprobe:        worker.ExecModprobe{Path: f.modprobe},
 		Host:            host,
+		HostModulesDir:  f.hostModules,
 		Log:             log,
 	})
 	if err != nil {

@@ -174,6 +174,8 @@ func workerMounts(e *kmmv1beta1.NodeModuleSpec, firmware, sandbox bool, firmware
 		{Name: "config", MountPath: path.Dir(contract.ConfigFile), ReadOnly: true},
 		{Name: "cache", MountPath: CacheHostPath},
 		{Name: "lib-modules", MountPath: "/lib/modules", ReadOnly: true},
+		// Again where a kmod image's host link resolves in-tree dependencies (docs/api.md).
+		{Name: "lib-modules", MountPath: contract.HostModulesDir, ReadOnly: true},
 		{Name: "tmp", MountPath: "/tmp"},
 	}
 	if e.ImageRepoSecret != nil {

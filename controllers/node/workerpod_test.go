@@ -1,7 +1,9 @@
 package node
 
 import (
+	"fmt"
 	"maps"
+	"slices"
 	"strings"
 	"testing"
 
@@ -241,5 +243,27 @@ func TestReloadWorkerPod(t *testing.T) {
 		Terminated: &corev1.ContainerStateTerminated{ExitCode: 1, Message: string(msg), FinishedAt: metav1.Now()}}}}
 	if w := ObserveWorker(pod); w.Action != contract.ActionReload || w.Result.FailedStep != contract.StepUnload || w.Entry.Config.ContainerImage != "reg/nic:1" {
 		t.Errorf("observed %+v", w)
+	}
+}
+
+// TestWorkerPodSeesTheNodeModulesAtHost: the node's /lib/modules is mounted read-only a second time
+// at contract.HostModulesDir, where a kmod image's host link resolves in-tree dependencies (as in
+// upstream KMM's worker pods), from the same volume as /lib/modules (the sandbox's in a dry run).
+func TestWorkerPodSeesTheNodeModulesAtHost(t *testing.T) {
+	for _, sandbox := range []string{"", "/srv/kmm-sandbox"} {
+		pod, err := WorkerPod("n", WorkerPodOptions{Image: "img", DryRunSandbox: sandbox}, intent("", true))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var at []string
+		for _, m := range pod.Spec.Containers[0].VolumeMounts {
+			if m.Name == "lib-modules" {
+				at = append(at, fmt.Sprintf("%s ro=%v", m.MountPath, m.ReadOnly))
+			}
+		}
+		want := []string{"/lib/modules ro=true", contract.HostModulesDir + " ro=true"}
+		if !slices.Equal(at, want) {
+			t.Errorf("sandbox %q: the node's module tree is mounted %+v, want %+v", sandbox, at, want)
+		}
 	}
 }

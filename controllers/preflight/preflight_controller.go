@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	kmmv1beta2 "github.com/kmm-project/kmm/api/v1beta2"
 	"github.com/kmm-project/kmm/internal/retry"
 	"github.com/kmm-project/kmm/internal/semantic"
 	"github.com/kmm-project/kmm/preflight"
@@ -66,7 +67,7 @@ type Reconciler struct {
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("preflightvalidation").
-		For(&kmmv1beta1.PreflightValidation{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		For(&kmmv1beta2.PreflightValidation{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&kmmv1beta1.Module{}, handler.EnqueueRequestsFromMapFunc(r.allValidations),
 			builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		WithOptions(controller.Options{RateLimiter: retry.Limiter()}).
@@ -75,7 +76,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 
 // allValidations lists every PreflightValidation: a Module change concerns each.
 func (r *Reconciler) allValidations(ctx context.Context, _ client.Object) []reconcile.Request {
-	list := &kmmv1beta1.PreflightValidationList{}
+	list := &kmmv1beta2.PreflightValidationList{}
 	if err := r.Client.List(ctx, list); err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "Listing PreflightValidations for a Module change")
 		return nil
@@ -92,7 +93,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	r.once.Do(func() {
 		r.retries = workqueue.NewTypedItemExponentialFailureRateLimiter[ctrl.Request](PreflightRetryBase, PreflightRetryMax)
 	})
-	pv := &kmmv1beta1.PreflightValidation{}
+	pv := &kmmv1beta2.PreflightValidation{}
 	if err := r.Client.Get(ctx, req.NamespacedName, pv); err != nil {
 		r.retries.Forget(req)
 		return ctrl.Result{}, client.IgnoreNotFound(err)
@@ -130,7 +131,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 
 // emit records one Event per changed verdict on the PreflightValidation (regarding the Module too
 // for a failure), and one when Modules did not fit in the status.
-func (r *Reconciler) emit(pv *kmmv1beta1.PreflightValidation, changed []preflight.Verdict, left int) {
+func (r *Reconciler) emit(pv *kmmv1beta2.PreflightValidation, changed []preflight.Verdict, left int) {
 	for _, v := range changed {
 		module := &kmmv1beta1.Module{ObjectMeta: metav1.ObjectMeta{Namespace: v.Namespace, Name: v.Name}}
 		module.SetGroupVersionKind(kmmv1beta1.GroupVersion.WithKind("Module"))
@@ -142,7 +143,7 @@ func (r *Reconciler) emit(pv *kmmv1beta1.PreflightValidation, changed []prefligh
 	}
 	if left > 0 {
 		r.Recorder.Eventf(pv, nil, corev1.EventTypeWarning, "PreflightTruncated", "Verify",
-			"%d Modules are not listed: status.modules holds at most %d", left, kmmv1beta1.MaxPreflightModules)
+			"%d Modules are not listed: status.modules holds at most %d", left, kmmv1beta2.MaxPreflightModules)
 	}
 }
 

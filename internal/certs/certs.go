@@ -48,6 +48,10 @@ import (
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;update,resourceNames=kmm-webhook-cert,namespace=kmm-system
 // +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=validatingwebhookconfigurations,verbs=list;watch
 // +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=validatingwebhookconfigurations,verbs=get;update,resourceNames=kmm-validating-webhook
+// The PreflightValidation CRD's conversion webhook gets the same caBundle (the rotator lists and
+// watches CRDs to find it; it writes only that one).
+// +kubebuilder:rbac:groups=apiextensions.k8s.io,resources=customresourcedefinitions,verbs=list;watch
+// +kubebuilder:rbac:groups=apiextensions.k8s.io,resources=customresourcedefinitions,verbs=get;update,resourceNames=preflightvalidations.kmm.sigs.x-k8s.io
 
 // Who provides the webhook's serving certificate (the --cert-management flag).
 const (
@@ -77,6 +81,9 @@ type Options struct {
 	Namespace  string
 	// WebhookConfigName is the ValidatingWebhookConfiguration whose caBundle is kept current.
 	WebhookConfigName string
+	// ConversionCRD is the CustomResourceDefinition whose conversion webhook (served by the same
+	// server, at /convert) gets the same caBundle; "" none.
+	ConversionCRD string
 	// ServiceName is the webhook Service: the certificate is for <ServiceName>.<Namespace>.svc.
 	ServiceName string
 	// MetricsServiceName, when set, is the metrics Service: the certificate also covers
@@ -100,6 +107,7 @@ func DefaultOptions() Options {
 		SecretName:         "kmm-webhook-cert",
 		Namespace:          "kmm-system",
 		WebhookConfigName:  "kmm-validating-webhook",
+		ConversionCRD:      "preflightvalidations.kmm.sigs.x-k8s.io",
 		ServiceName:        "kmm-webhook-service",
 		MetricsServiceName: "kmm-metrics-service",
 		Validity:           365 * 24 * time.Hour,
@@ -227,7 +235,7 @@ func Setup(mgr ctrl.Manager, o Options) (<-chan struct{}, error) {
 		DNSName:            o.DNSName(),
 		ExtraDNSNames:      o.DNSNames()[1:],
 		IsReady:            ready,
-		Webhooks:           []rotator.WebhookInfo{{Name: o.WebhookConfigName, Type: rotator.Validating}},
+		Webhooks:           o.webhooks(),
 		FieldOwner:         "kmm-cert-rotator",
 		CaCertDuration:     caValidity,
 		ServerCertDuration: o.Validity,
@@ -256,6 +264,16 @@ func Setup(mgr ctrl.Manager, o Options) (<-chan struct{}, error) {
 		return nil, fmt.Errorf("adding the certificate file sync: %w", err)
 	}
 	return ready, nil
+}
+
+// webhooks are the objects the rotator injects the caBundle into: the webhook configuration and
+// the CRD with a conversion webhook. A missing one is skipped (and logged) by the rotator.
+func (o Options) webhooks() []rotator.WebhookInfo {
+	w := []rotator.WebhookInfo{{Name: o.WebhookConfigName, Type: rotator.Validating}}
+	if o.ConversionCRD != "" {
+		w = append(w, rotator.WebhookInfo{Name: o.ConversionCRD, Type: rotator.CRDConversion})
+	}
+	return w
 }
 
 // fileSync copies the certificate Secret's tls.crt, tls.key and ca.crt into Dir when they change.

@@ -45,8 +45,11 @@ var unfenced = map[string]bool{
 	"secrets":                         true,
 	"validatingwebhookconfigurations": true,
 	"mutatingwebhookconfigurations":   true,
-	"tokenreviews":                    true,
-	"subjectaccessreviews":            true,
+	// the certificate rotator of every replica injects the CA into the PreflightValidation CRD's
+	// conversion webhook, as into the webhook configuration
+	"customresourcedefinitions": true,
+	"tokenreviews":              true,
+	"subjectaccessreviews":      true,
 }
 
 // Fence decides whether its replica may write. The zero value is closed; use New.

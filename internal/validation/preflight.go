@@ -3,14 +3,14 @@ package validation
 import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
-	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	kmmv1beta2 "github.com/kmm-project/kmm/api/v1beta2"
 	"github.com/kmm-project/kmm/internal/kernel"
 )
 
 // PreflightValidation checks what admission enforces on a PreflightValidation: the target kernel
 // parses as a kernel version (the schema cannot say so), and pushBuiltImage is not set (kmm builds
 // nothing; the schema says so too).
-func PreflightValidation(pv *kmmv1beta1.PreflightValidation) field.ErrorList {
+func PreflightValidation(pv *kmmv1beta2.PreflightValidation) field.ErrorList {
 	spec := field.NewPath("spec")
 	var errs field.ErrorList
 	if _, err := kernel.Parse(pv.Spec.KernelVersion); err != nil {

@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	kmmv1beta2 "github.com/kmm-project/kmm/api/v1beta2"
 	"github.com/kmm-project/kmm/internal/validation"
 )
 
@@ -312,19 +313,19 @@ func TestModuleConfig(t *testing.T) {
 func TestPreflightValidation(t *testing.T) {
 	cases := []struct {
 		name      string
-		spec      kmmv1beta1.PreflightValidationSpec
+		spec      kmmv1beta2.PreflightValidationSpec
 		wantField string
 		wantMsg   string
 	}{
-		{"valid", kmmv1beta1.PreflightValidationSpec{KernelVersion: "6.1.0-56-cloud-amd64"}, "", ""},
-		{"kernelVersion that does not parse", kmmv1beta1.PreflightValidationSpec{KernelVersion: "six"},
+		{"valid", kmmv1beta2.PreflightValidationSpec{KernelVersion: "6.1.0-56-cloud-amd64"}, "", ""},
+		{"kernelVersion that does not parse", kmmv1beta2.PreflightValidationSpec{KernelVersion: "six"},
 			"spec.kernelVersion", "not a kernel version as node.status.nodeInfo.kernelVersion shows one"},
-		{"pushBuiltImage", kmmv1beta1.PreflightValidationSpec{KernelVersion: "6.1.0", PushBuiltImage: true},
+		{"pushBuiltImage", kmmv1beta2.PreflightValidationSpec{KernelVersion: "6.1.0", PushBuiltImage: true},
 			"spec.pushBuiltImage", "kmm does not build images"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			check(t, validation.PreflightValidation(&kmmv1beta1.PreflightValidation{Spec: tc.spec}), tc.wantField, tc.wantMsg)
+			check(t, validation.PreflightValidation(&kmmv1beta2.PreflightValidation{Spec: tc.spec}), tc.wantField, tc.wantMsg)
 		})
 	}
 }

@@ -18,10 +18,14 @@ import (
 	"path/filepath"
 	"time"
 
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	kmmv1beta2 "github.com/kmm-project/kmm/api/v1beta2"
 )
 
 // Env is a running control plane.
@@ -88,6 +92,14 @@ func StartWith(o Options) (*Env, error) {
 	if !o.Bare {
 		te.CRDDirectoryPaths = []string{filepath.Join(root, "config", "crd", "bases")}
 		te.ErrorIfCRDPathMissing = true
+		// With the webhook, envtest points the conversion webhook of every CRD whose kinds are
+		// convertible in this scheme (PreflightValidation: v1beta1 ⇄ v1beta2) at the local webhook
+		// server, as config/crd's patch points it at the Service; without it, v1beta1 reads of a
+		// PreflightValidation are not converted.
+		te.CRDInstallOptions.Scheme = runtime.NewScheme()
+		if err := errors.Join(kmmv1beta1.AddToScheme(te.CRDInstallOptions.Scheme), kmmv1beta2.AddToScheme(te.CRDInstallOptions.Scheme)); err != nil {
+			return nil, err
+		}
 	}
 	if !o.Bare && !o.NoWebhook {
 		te.WebhookInstallOptions = envtest.WebhookInstallOptions{

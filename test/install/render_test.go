@@ -108,7 +108,8 @@ func TestDefaultInstallUsesKmmNames(t *testing.T) {
 }
 
 // TestRBACIsLeastPrivilege checks the rendered roles: no wildcard; Secrets listed, watched and
-// created only through the Role in kmm-system (elsewhere only get), written only by name; the webhook configuration written only by name.
+// created only through the Role in kmm-system (elsewhere only get), written only by name; the webhook configuration and the
+// PreflightValidation CRD (its conversion caBundle) written only by name.
 func TestRBACIsLeastPrivilege(t *testing.T) {
 	objs := render(t, "default")
 	for _, u := range objs {
@@ -135,6 +136,10 @@ func TestRBACIsLeastPrivilege(t *testing.T) {
 				if writes && !slices.Equal(list("resourceNames"), []string{secretName}) {
 					t.Errorf("%s: writes Secrets other than %s", where, secretName)
 				}
+			}
+			if slices.Contains(list("resources"), "customresourcedefinitions") && (writes || slices.Contains(list("verbs"), "get")) &&
+				!slices.Equal(list("resourceNames"), []string{"preflightvalidations.kmm.sigs.x-k8s.io"}) {
+				t.Errorf("%s: reads or writes CRDs other than the PreflightValidation one", where)
 			}
 			if slices.Contains(list("resources"), "validatingwebhookconfigurations") && (writes || slices.Contains(list("verbs"), "get")) &&
 				!slices.Equal(list("resourceNames"), []string{webhookName}) {

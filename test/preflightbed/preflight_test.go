@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	kmmv1beta2 "github.com/kmm-project/kmm/api/v1beta2"
 	"github.com/kmm-project/kmm/cmd/manager/app"
 	"github.com/kmm-project/kmm/preflight"
 	"github.com/kmm-project/kmm/test/envtest"
@@ -81,7 +82,7 @@ func run(m *testing.M) int {
 func TestPreflightValidation(t *testing.T) {
 	ctx := context.Background()
 	s := Setup(ctx, t, k8s, "pf")
-	pv := &kmmv1beta1.PreflightValidation{ObjectMeta: metav1.ObjectMeta{Name: "upgrade"}, Spec: kmmv1beta1.PreflightValidationSpec{KernelVersion: Target}}
+	pv := &kmmv1beta2.PreflightValidation{ObjectMeta: metav1.ObjectMeta{Name: "upgrade"}, Spec: kmmv1beta2.PreflightValidationSpec{KernelVersion: Target}}
 	if err := k8s.Create(ctx, pv); err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +129,7 @@ func TestPreflightValidation(t *testing.T) {
 }
 
 // waitStatus waits until pv's status says what s.Want says.
-func waitStatus(t *testing.T, s *Scenario, pv *kmmv1beta1.PreflightValidation) {
+func waitStatus(t *testing.T, s *Scenario, pv *kmmv1beta2.PreflightValidation) {
 	t.Helper()
 	poll.Until(t, 30*time.Second, 100*time.Millisecond, func() (bool, string) {
 		if err := k8s.Get(context.Background(), client.ObjectKeyFromObject(pv), pv); err != nil {

@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	kmmv1beta2 "github.com/kmm-project/kmm/api/v1beta2"
 	"github.com/kmm-project/kmm/preflight"
 	"github.com/kmm-project/kmm/test/ocireg"
 )
@@ -155,7 +156,7 @@ func (s *Scenario) CheckVerdicts(vs []preflight.Verdict) []string {
 
 // CheckStatus lists what differs between a PreflightValidation's status and Want, entry by entry
 // (through CheckVerdicts), and what is wrong with the upstream fields themselves.
-func (s *Scenario) CheckStatus(pv *kmmv1beta1.PreflightValidation) []string {
+func (s *Scenario) CheckStatus(pv *kmmv1beta2.PreflightValidation) []string {
 	var vs []preflight.Verdict
 	var problems []string
 	for _, e := range pv.Status.Modules {
@@ -181,9 +182,9 @@ func CheckTable(s *Scenario, table string) []string {
 	}
 	var problems []string
 	for k, want := range s.Want {
-		status := kmmv1beta1.VerificationFalse
+		status := kmmv1beta2.VerificationFailure
 		if want == kmmv1beta1.PreflightReasonSuccess {
-			status = kmmv1beta1.VerificationTrue
+			status = kmmv1beta2.VerificationSuccess
 		}
 		if f, ok := rows[k]; !ok || f[1] != status || f[2] != want {
 			problems = append(problems, fmt.Sprintf("%s: row %v, want %s %s", k, rows[k], status, want))

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	kmmv1beta2 "github.com/kmm-project/kmm/api/v1beta2"
 	"github.com/kmm-project/kmm/preflight"
 )
 
@@ -65,7 +66,7 @@ func TestSeededFaults(t *testing.T) {
 		}
 	}
 
-	pv := &kmmv1beta1.PreflightValidation{ObjectMeta: metav1.ObjectMeta{Generation: 2}}
+	pv := &kmmv1beta2.PreflightValidation{ObjectMeta: metav1.ObjectMeta{Generation: 2}}
 	now := metav1.NewTime(time.Unix(1000, 0))
 	pv.Status, _, _ = preflight.Status(pv.Status, 2, right(), now)
 	if p := s.CheckStatus(pv); len(p) != 0 {
@@ -77,21 +78,22 @@ func TestSeededFaults(t *testing.T) {
 	noTime.Status.Modules[0].LastTransitionTime = metav1.Time{}
 	buildStage := pv.DeepCopy()
 	buildStage.Status.Modules[0].VerificationStage = "Build"
-	for name, bad := range map[string]*kmmv1beta1.PreflightValidation{"stale observedGeneration": stale, "no lastTransitionTime": noTime, "stage not Done": buildStage} {
+	for name, bad := range map[string]*kmmv1beta2.PreflightValidation{"stale observedGeneration": stale, "no lastTransitionTime": noTime, "stage not Done": buildStage} {
 		if p := s.CheckStatus(bad); len(p) == 0 {
 			t.Errorf("seeded fault %q not caught by CheckStatus", name)
 		}
 	}
 
-	table := "MODULE VERIFIED REASON DETAIL\npf/missing False ImageMissing x\npf/nomapping False NoMapping x\n" +
-		"pf/private-right True Success x\npf/private-wrong False Unauthorized x\npf/served True Success x\n"
+	table := "MODULE VERIFIED REASON DETAIL\npf/missing Failure ImageMissing x\npf/nomapping Failure NoMapping x\n" +
+		"pf/private-right Success Success x\npf/private-wrong Failure Unauthorized x\npf/served Success Success x\n"
 	if p := CheckTable(s, table); len(p) != 0 {
 		t.Fatalf("the right table is reported: %v", p)
 	}
 	for name, bad := range map[string]string{
-		"a row with the wrong reason": "pf/missing False RegistryUnreachable x\npf/nomapping False NoMapping x\npf/private-right True Success x\npf/private-wrong False Unauthorized x\npf/served True Success x\n",
-		"a row missing":               "pf/nomapping False NoMapping x\npf/private-right True Success x\npf/private-wrong False Unauthorized x\npf/served True Success x\n",
-		"True for a failure":          "pf/missing True ImageMissing x\npf/nomapping False NoMapping x\npf/private-right True Success x\npf/private-wrong False Unauthorized x\npf/served True Success x\n",
+		"a row with the wrong reason": "pf/missing Failure RegistryUnreachable x\npf/nomapping Failure NoMapping x\npf/private-right Success Success x\npf/private-wrong Failure Unauthorized x\npf/served Success Success x\n",
+		"a row missing":               "pf/nomapping Failure NoMapping x\npf/private-right Success Success x\npf/private-wrong Failure Unauthorized x\npf/served Success Success x\n",
+		"Success for a failure":       "pf/missing Success ImageMissing x\npf/nomapping Failure NoMapping x\npf/private-right Success Success x\npf/private-wrong Failure Unauthorized x\npf/served Success Success x\n",
+		"v1beta1's words":             "pf/missing False ImageMissing x\npf/nomapping False NoMapping x\npf/private-right True Success x\npf/private-wrong False Unauthorized x\npf/served True Success x\n",
 	} {
 		if p := CheckTable(s, bad); len(p) == 0 {
 			t.Errorf("seeded fault %q not caught by CheckTable", name)

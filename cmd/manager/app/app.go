@@ -40,6 +40,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	kmmv1beta2 "github.com/kmm-project/kmm/api/v1beta2"
 	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/controllers/module"
 	"github.com/kmm-project/kmm/controllers/node"
@@ -384,6 +385,7 @@ func NewScheme() *runtime.Scheme {
 	s := runtime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(s))
 	utilruntime.Must(kmmv1beta1.AddToScheme(s))
+	utilruntime.Must(kmmv1beta2.AddToScheme(s))
 	return s
 }
 
