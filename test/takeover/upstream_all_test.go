@@ -20,7 +20,7 @@ import (
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	kmmv1beta2 "github.com/kmm-project/kmm/api/v1beta2"
 	"github.com/kmm-project/kmm/cmd/manager/app"
-	"github.com/kmm-project/kmm/controllers"
+	"github.com/kmm-project/kmm/controllers/module"
 	"github.com/kmm-project/kmm/test/install"
 	"github.com/kmm-project/kmm/test/poll"
 )
@@ -165,7 +165,7 @@ func TestInstallOverEveryUpstreamCRD(t *testing.T) {
 		if err := c.Get(ctx, client.ObjectKey{Namespace: "drivers", Name: "nic"}, m); err != nil {
 			return false, err.Error()
 		}
-		return slices.Contains(m.Finalizers, controllers.ModuleFinalizer), fmt.Sprintf("the Module's finalizers %v", m.Finalizers)
+		return slices.Contains(m.Finalizers, module.Finalizer), fmt.Sprintf("the Module's finalizers %v", m.Finalizers)
 	})
 	if after := upstreamInternal(t, c); after != before {
 		t.Errorf("upstream's ModuleImagesConfig and ModuleBuildSignConfig changed:\nbefore %s\n after %s", before, after)
