@@ -3,14 +3,17 @@ package app
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/kmm-project/kmm/internal/leasefence"
@@ -77,5 +80,67 @@ func TestLeaderWritesAreFencedByItsLease(t *testing.T) {
 		t.Logf("the manager stopped: %v", err)
 	case <-time.After(10 * time.Second):
 		t.Fatal("the manager did not stop after losing its Lease")
+	}
+}
+
+// failingRenewals is a Lease lock whose writes, once fail is set, reach the API server but are
+// answered with an error: to the lock above it the renewals fail, while the Lease stays renewed.
+type failingRenewals struct {
+	resourcelock.Interface
+	fail *atomic.Bool
+}
+
+func (l failingRenewals) Update(ctx context.Context, rec resourcelock.LeaderElectionRecord) error {
+	err := l.Interface.Update(ctx, rec)
+	if err == nil && l.fail.Load() {
+		return errors.New("test: renewal answer lost")
+	}
+	return err
+}
+
+// TestInstrumentedLockIsUnderTheFence sets Options.Instrument to wrap the Lease lock with one
+// whose renewals fail, once the manager leads, after they were written: the lease fence, which New
+// puts around the lock Instrument leaves, sees the failures and refuses the client's writes
+// within the renew deadline. With the fence around the bare lock under Instrument's wrapper (the
+// seeded fault), it sees every renewal succeed and the writes go on.
+func TestInstrumentedLockIsUnderTheFence(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const ns = "kmm-instrument"
+	env, _, o := electionBed(ctx, t, ns)
+	var fail atomic.Bool
+	o.Instrument = func(mo *ctrl.Options) {
+		mo.LeaderElectionResourceLockInterface = failingRenewals{Interface: mo.LeaderElectionResourceLockInterface, fail: &fail}
+	}
+	mgr, err := New(env.Config, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = mgr.Start(ctx) }()
+	select {
+	case <-mgr.Elected():
+	case <-ctx.Done():
+		t.Fatal("the manager never led")
+	}
+	c := mgr.GetClient()
+	cm := func(name string) *corev1.ConfigMap {
+		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+	}
+	if err := c.Create(ctx, cm("while-leading")); err != nil {
+		t.Fatalf("a write while leading: %v", err)
+	}
+	fail.Store(true)
+	failing := time.Now()
+	deadline := failing.Add(o.RenewDeadline + time.Second)
+	for {
+		err := c.Create(ctx, cm("after-"+time.Now().Format("150405.000000")))
+		if errors.Is(err, leasefence.ErrFenced) {
+			t.Logf("writes refused %v after the renewals began to fail", time.Since(failing).Round(time.Millisecond))
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a write %v after the renewals began to fail: err %v, want leasefence.ErrFenced", time.Since(failing), err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
