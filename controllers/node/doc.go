@@ -7,6 +7,5 @@
 // node labels, drains (drain.go), worker pods (workerpod.go; workerregistry.go: what they pull
 // with), Events and metrics (events.go). upstream.go reads what upstream KMM left on the node, only
 // when the NMC holds an upstream record or a pair is about to unload; expectations.go remembers the
-// pod writes the cache does not show yet; chaosbug.go holds test/chaos's seeded bugs (compiled out
-// without -tags chaosbugs).
+// pod writes the cache does not show yet.
 package node

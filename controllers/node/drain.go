@@ -67,9 +67,6 @@ func (r *NMCReconciler) drainFacts(ctx context.Context, f *nodeFacts, key string
 	pods := &corev1.PodList{}
 	if err := r.APIReader.List(ctx, pods, client.MatchingLabelsSelector{Selector: sel},
 		client.MatchingFieldsSelector{Selector: fields.OneTermEqualSelector("spec.nodeName", f.node.Name)}); err != nil {
-		if errorAsNoPods(err) {
-			return out, nil
-		}
 		return out, err
 	}
 	// Pods that ended, and the pods a drain spares, are no drain's business: not even their
@@ -135,10 +132,7 @@ func protected(p *corev1.Pod, pdbs []policyv1.PodDisruptionBudget) bool {
 // escalation per pod), uncordon, and the drain-timeout gauge.
 func (r *NMCReconciler) executeDrain(ctx context.Context, f *nodeFacts, key string, p fsm.Plan) error {
 	if p.Uncordon {
-		if forgetsCordon(f.node.Name) || cordonDisowned(f.node.Name) {
-			return nil
-		}
-		return uncordoned(f.node.Name, r.setUnschedulable(ctx, f, false))
+		return r.setUnschedulable(ctx, f, false)
 	}
 	d := p.Drain
 	if d == nil {
@@ -146,7 +140,6 @@ func (r *NMCReconciler) executeDrain(ctx context.Context, f *nodeFacts, key stri
 	}
 	var errs []error
 	if d.Cordon {
-		rememberCordon(f.node.Name)
 		errs = append(errs, r.setUnschedulable(ctx, f, true))
 	}
 	for _, w := range d.Evict {

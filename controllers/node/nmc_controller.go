@@ -85,9 +85,6 @@ func (r *NMCReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if err := podindex.Register(context.Background(), mgr.GetFieldIndexer()); err != nil {
 		return err
 	}
-	if err := watchDeletions(mgr); err != nil {
-		return err
-	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("nmc").
 		For(&kmmv1beta1.NodeModulesConfig{}).
@@ -202,10 +199,6 @@ func (r *NMCReconciler) gather(ctx context.Context, name string) (*nodeFacts, er
 	for i := range pods.Items {
 		collectPod(f, &pods.Items[i], name)
 	}
-	if err := r.liveDevicePlugins(ctx, f, name); err != nil {
-		return nil, err
-	}
-	hideLostDeletes(f)
 	r.expected().fill(f, name, r.Clock.Now())
 	modules := &kmmv1beta1.ModuleList{}
 	if err := r.Client.List(ctx, modules, client.UnsafeDisableDeepCopy); err != nil {
@@ -455,15 +448,13 @@ func (r *NMCReconciler) execute(ctx context.Context, f *nodeFacts, d decision, l
 				// An overdue pod: delete it only as it was seen, not if it finished since.
 				pre.ResourceVersion = &o.pod.ResourceVersion
 			}
-			awaitDeletion(o.pod)
-			err := lostAsDeleted(o.pod, r.Client.Delete(ctx, o.pod, pre))
-			deletionSent(o.pod, err)
-			if err = shared.IgnoreGone(err); err == nil {
+			err := shared.IgnoreGone(r.Client.Delete(ctx, o.pod, pre))
+			if err == nil {
 				r.expected().deleted(o.pod.UID, r.Clock.Now())
 			}
 			errs = append(errs, err)
 		}
-		if p.CreateWorker != nil && !deletionAwaited(f.node.Name, o.key) {
+		if p.CreateWorker != nil {
 			log.Info("Creating worker pod", "module", o.key, "action", p.CreateWorker.Action, "attempt", p.CreateWorker.Attempt)
 			errs = append(errs, r.createWorker(ctx, f.node.Name, o.key, p.CreateWorker))
 		}
@@ -491,7 +482,7 @@ func (r *NMCReconciler) createWorker(ctx context.Context, node, key string, in *
 		r.expected().refusedCreate(node, key, fsm.CreateRefusal{Action: in.Action, Attempt: in.Attempt, Message: err.Error()})
 		return fmt.Errorf("building the %s worker pod for %s on %s: %w", in.Action, key, node, err)
 	}
-	if err := r.createPod(ctx, pod); err != nil {
+	if err := r.Client.Create(ctx, pod); err != nil {
 		if apierrors.IsAlreadyExists(err) {
 			return nil
 		}

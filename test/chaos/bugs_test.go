@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kmm-project/kmm/internal/chaosbug"
 	"github.com/kmm-project/kmm/test/chaos"
+	"github.com/kmm-project/kmm/test/chaos/seededbug"
 )
 
 // noFaults runs the seeded bugs without their faults: the control that shows the fault is what
@@ -52,41 +52,41 @@ var seededBugs = []seededBug{
 	{
 		// The leader is killed right after kmm's cordon: the next process does not lift it and the
 		// rollout (maxUnavailable 1) stalls behind the cordoned node.
-		bug: chaosbug.ForgetCordon, aim: chaos.Aim{Kind: chaos.FaultKill, Phase: chaos.PhaseUpgrade, Method: "PATCH", Path: nodesPath, Body: `"unschedulable":true`},
+		bug: seededbug.ForgetCordon, aim: chaos.Aim{Kind: chaos.FaultKill, Phase: chaos.PhaseUpgrade, Method: "PATCH", Path: nodesPath, Body: `"unschedulable":true`},
 		duration: 30 * time.Second, caught: "cordoned",
 	},
 	{
 		// The leader is partitioned as the upgrade starts; once it lost the Lease it keeps leading.
-		bug: chaosbug.KeepLeading, aim: chaos.Aim{Kind: chaos.FaultPartition, Phase: chaos.PhaseUpgrade, Method: "PUT", Path: nmcs},
+		bug: seededbug.KeepLeading, aim: chaos.Aim{Kind: chaos.FaultPartition, Phase: chaos.PhaseUpgrade, Method: "PUT", Path: nmcs},
 		duration: 40 * time.Second, caught: "held the Lease",
 	},
 	{
 		// Every list of the drain's pods fails with 500 for 20 s: taken as "no pods", the drain
 		// evicts nothing and the unload runs under the workload once the device plugin left.
-		bug: chaosbug.ErrorAsNoPods, aim: chaos.Aim{Kind: chaos.FaultServerError, Phase: chaos.PhaseUpgrade, Method: "GET", Path: "/pods", Query: workloadQuery, For: 20 * time.Second},
+		bug: seededbug.ErrorAsNoPods, aim: chaos.Aim{Kind: chaos.FaultServerError, Phase: chaos.PhaseUpgrade, Method: "GET", Path: "/pods", Query: workloadQuery, For: 20 * time.Second},
 		duration: 40 * time.Second, caught: "workload pod using it",
 	},
 	{
 		// The first load pod's create is answered 3 s late: retried under a fresh name, two pods.
-		bug: chaosbug.SlowCreateRenamed, aim: chaos.Aim{Kind: chaos.FaultDelay, Phase: chaos.PhaseLoad, Method: "POST", Path: workerPods, Body: "kmm-worker-", Hold: 3 * time.Second},
+		bug: seededbug.SlowCreateRenamed, aim: chaos.Aim{Kind: chaos.FaultDelay, Phase: chaos.PhaseLoad, Method: "POST", Path: workerPods, Body: "kmm-worker-", Hold: 3 * time.Second},
 		duration: 30 * time.Second, caught: "2 worker pods",
 	},
 	{
 		// The leader's watches are cut as it deletes its first finished load pod, and its pod
 		// watches answered 410 for 2 s: the relist shows the deletion as a tombstone, the bug
 		// ignores it, and the pair never gets its unload pod in the upgrade.
-		bug: chaosbug.TombstoneIgnored, aim: chaos.Aim{Kind: chaos.FaultWatchCut, Phase: chaos.PhaseLoad, Method: "DELETE", Path: "/pods/kmm-worker-", Hold: 2 * time.Second},
+		bug: seededbug.TombstoneIgnored, aim: chaos.Aim{Kind: chaos.FaultWatchCut, Phase: chaos.PhaseLoad, Method: "DELETE", Path: "/pods/kmm-worker-", Hold: 2 * time.Second},
 		duration: 30 * time.Second, caught: "not converged",
 	},
 	{
 		// kmm's first uncordon meets a 409: the bug leaves the cordon to "whoever changed the node".
-		bug: chaosbug.ConflictDisownsCordon, aim: chaos.Aim{Kind: chaos.FaultConflict, Phase: chaos.PhaseUpgrade, Method: "PATCH", Path: nodesPath, Body: `"unschedulable":false`},
+		bug: seededbug.ConflictDisownsCordon, aim: chaos.Aim{Kind: chaos.FaultConflict, Phase: chaos.PhaseUpgrade, Method: "PATCH", Path: nodesPath, Body: `"unschedulable":false`},
 		duration: 30 * time.Second, caught: "cordoned",
 	},
 	{
 		// The live reads of the device plugin pods are throttled for 5 s as the Module is deleted:
 		// the check is skipped, the unload pod comes while the device plugin pod runs.
-		bug: chaosbug.ThrottleSkipsDPCheck, aim: chaos.Aim{Kind: chaos.FaultThrottle, Phase: chaos.PhaseDelete, Method: "GET", Path: "/pods", Query: devicePluginSel, For: 5 * time.Second},
+		bug: seededbug.ThrottleSkipsDPCheck, aim: chaos.Aim{Kind: chaos.FaultThrottle, Phase: chaos.PhaseDelete, Method: "GET", Path: "/pods", Query: devicePluginSel, For: 5 * time.Second},
 		duration: 40 * time.Second, caught: "device plugin pod is there",
 	},
 	{
@@ -94,7 +94,7 @@ var seededBugs = []seededBug{
 		// deletion) is answered: the NMC controller's live read of the device plugin pods waits for
 		// etcd past its 300 ms, is taken as "none", and the unload pod comes while the device
 		// plugin pod runs. Long leases: the outage must not cost the leader its Lease.
-		bug: chaosbug.StallAsNoDevicePlugin, aim: chaos.Aim{Kind: chaos.FaultEtcdRestart, Phase: chaos.PhaseDelete, Method: "PATCH", Path: nmcs + "node-"},
+		bug: seededbug.StallAsNoDevicePlugin, aim: chaos.Aim{Kind: chaos.FaultEtcdRestart, Phase: chaos.PhaseDelete, Method: "PATCH", Path: nmcs + "node-"},
 		duration: 40 * time.Second, lease: etcdLease, caught: "device plugin pod is there",
 	},
 	{
@@ -104,7 +104,7 @@ var seededBugs = []seededBug{
 		// and strikes it from its facts; no delete event comes, so the finished pod is left and the
 		// load never converges. Lease 60 s / 45 s / 2 s: the in-place restart (8-22 s from SIGKILL
 		// to ready on this machine) must not cost the leader its Lease and its memory.
-		bug: chaosbug.LostAnswerAsDeleted, aim: chaos.Aim{Kind: chaos.FaultAPIServerRestart, Phase: chaos.PhaseLoad, Method: "DELETE", Path: "/pods/kmm-worker-", Into: true},
+		bug: seededbug.LostAnswerAsDeleted, aim: chaos.Aim{Kind: chaos.FaultAPIServerRestart, Phase: chaos.PhaseLoad, Method: "DELETE", Path: "/pods/kmm-worker-", Into: true},
 		duration: 30 * time.Second, lease: apiserverLease, caught: "not converged",
 	},
 }
@@ -127,14 +127,15 @@ var bugSeeds = flag.Int("chaos.bug-seeds", 1, "seeds each seeded bug runs with (
 // less often needs a better aimed fault, not a retry.
 const minCatchRate = 0.9
 
-// TestSeededBugs runs, for each seeded bug of internal/chaosbug, a manager built with it under the
-// one fault that exposes it, aimed at the moment it matters (chaos.Aim), and checks that the
-// watcher reports the violation it causes. With -chaos.bugs-unfaulted it runs them without the
-// faults and checks that none is caught. Each bug runs once per seed of -chaos.bug-seeds; there
+// TestSeededBugs runs, for each seeded bug of test/chaos/seededbug, the manager with it planted
+// (test/chaos/kmm-manager-seeded) under the one fault that exposes it, aimed at the moment it
+// matters (chaos.Aim), and checks that the watcher reports the violation it causes. With
+// -chaos.bugs-unfaulted it runs them without the faults and checks that none is caught; with
+// -chaos.bugs-off it runs the same command with no bug planted and checks that nothing breaks. Each bug runs once per seed of -chaos.bug-seeds; there
 // is no retry: docs/reliability.md gives each bug's measured catch rate over 10 seeds, and a bug
 // below minCatchRate needs a better aimed fault.
 func TestSeededBugs(t *testing.T) {
-	bin := buildManager(t, "chaosbugs")
+	bin := buildManager(t, "./test/chaos/kmm-manager-seeded")
 	for _, sb := range seededBugs {
 		t.Run(sb.bug, func(t *testing.T) {
 			t.Parallel()

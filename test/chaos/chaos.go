@@ -12,8 +12,9 @@
 // Run returns a Report: faults by kind, checks made, violations, time to converge after the last
 // fault, and writes per pair against a fault-free round.
 //
-// The seeded bugs of internal/chaosbug (a manager built with -tags chaosbugs) show that the
-// watcher catches what each kind of fault can break (chaos_test.go).
+// The seeded bugs of test/chaos/seededbug (planted by the manager command
+// test/chaos/kmm-manager-seeded, around the real manager) show that the watcher catches what each
+// kind of fault can break (bugs_test.go).
 package chaos
 
 import (
@@ -37,6 +38,7 @@ import (
 
 	"github.com/kmm-project/kmm/cmd/manager/app"
 	"github.com/kmm-project/kmm/test/agent"
+	"github.com/kmm-project/kmm/test/chaos/seededbug"
 	"github.com/kmm-project/kmm/test/envtest"
 )
 
@@ -50,7 +52,8 @@ const (
 
 // Options configure a run.
 type Options struct {
-	// Manager is the operator binary (go build ./cmd/manager, -tags chaosbugs for seeded bugs).
+	// Manager is the operator binary (go build ./cmd/manager; ./test/chaos/kmm-manager-seeded for
+	// seeded bugs).
 	Manager string
 	// Nodes and Modules: N simulated nodes, M Modules selecting all of them.
 	Nodes, Modules int
@@ -93,7 +96,8 @@ type Options struct {
 	// LeaderKills is the share of manager kills aimed at the Lease holder (default 1/3); the others
 	// kill the replica that does not lead.
 	LeaderKills float64
-	// Bugs are seeded bugs planted in both replicas (KMM_CHAOS_BUGS; needs a chaosbugs build).
+	// Bugs are seeded bugs planted in every replica (KMM_CHAOS_BUGS; needs Manager built from
+	// test/chaos/kmm-manager-seeded).
 	Bugs []string
 	// Baseline runs one fault-free round first, for the writes per pair.
 	Baseline bool
@@ -359,7 +363,7 @@ func (h *harness) startReplicas() (func(), error) {
 		"--worker-backoff", "500ms", "--worker-backoff-max", "2s", "--log-level", "info"}
 	var env []string
 	if len(h.o.Bugs) > 0 {
-		env = append(env, "KMM_CHAOS_BUGS="+strings.Join(h.o.Bugs, ","))
+		env = append(env, seededbug.EnvVar+"="+strings.Join(h.o.Bugs, ","))
 	}
 	for i := range h.o.Replicas {
 		name := string(rune('a' + i))

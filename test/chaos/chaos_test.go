@@ -50,19 +50,16 @@ var defaultMinimums = map[string]int{
 // reports through t.Log).
 func init() { ctrllog.SetLogger(logr.Discard()) }
 
-// buildManager builds cmd/manager (with the given build tags) into a temporary directory.
-func buildManager(t *testing.T, tags string) string {
+// buildManager builds the manager command pkg (./cmd/manager, or the seeded bugs' one) into a
+// temporary directory.
+func buildManager(t *testing.T, pkg string) string {
 	t.Helper()
 	root, err := envtest.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
 	bin := filepath.Join(t.TempDir(), "manager")
-	args := []string{"build", "-o", bin}
-	if tags != "" {
-		args = append(args, "-tags", tags)
-	}
-	build := exec.Command("go", append(args, "./cmd/manager")...)
+	build := exec.Command("go", "build", "-o", bin, pkg)
 	build.Dir = root
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("building the operator: %v\n%s", err, out)
@@ -95,7 +92,7 @@ func out(t *testing.T) string {
 // TestChaos is the default run of `make chaos`: every fault kind, at least its minimum count, no
 // violation, every pair converged after the last fault.
 func TestChaos(t *testing.T) {
-	bin := buildManager(t, "")
+	bin := buildManager(t, "./cmd/manager")
 	dir := out(t)
 	o := chaos.Options{Manager: bin, Nodes: *nodes, Modules: *modules, APIServers: *apiServers, Seed: *seed, Duration: *duration,
 		Minimums: minimums(t), FaultWall: *faultWall,

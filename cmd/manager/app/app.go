@@ -129,6 +129,12 @@ type Options struct {
 	// AllowRestartInProcess lets a process run a second manager after the first stopped (tests of
 	// operator restarts): controller names are otherwise unique per process.
 	AllowRestartInProcess bool
+	// Instrument is nil in production: no flag sets it and cmd/manager leaves it unset. A test
+	// harness sets it to change the controller-runtime options just before New builds the manager
+	// from them: test/chaos's seeded-bug manager (test/chaos/kmm-manager-seeded) wraps the client,
+	// the cache and the leader election lock to plant its bugs. The lock it finds there is the bare
+	// Lease lock; New puts the lease fence around the lock it leaves.
+	Instrument func(*ctrl.Options)
 }
 
 // DefaultOptions are the settings the flags start from.
@@ -399,55 +405,16 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 	cfg = rest.CopyConfig(cfg)
 	cfg.QPS, cfg.Burst = float32(o.QPS), o.Burst
 
-	metrics := metricsserver.Options{BindAddress: o.MetricsAddr}
-	if o.MetricsSecure {
-		// Who may read is decided by the API server's TokenReview and SubjectAccessReview.
-		metrics.SecureServing = true
-		metrics.FilterProvider = filters.WithAuthenticationAndAuthorization
-		if !o.DisableWebhook {
-			// The webhook's serving certificate (kmm's or cert-manager's), which also covers the
-			// metrics Service (--metrics-service-name): a scraper verifies it with the CA of the
-			// certificate Secret (config/prometheus). Without a webhook, controller-runtime's
-			// self-signed certificate (local runs).
-			fc := &certs.FileCertificate{Dir: o.webhookCertDir()}
-			metrics.TLSOpts = []func(*tls.Config){func(c *tls.Config) { c.GetCertificate = fc.GetCertificate }}
-		}
-	}
 	leaseEvents := &lateEvents{}
-	lock, err := fencedLeaderElection(cfg, o, leaseEvents)
-	if err != nil {
-		return nil, err
-	}
 	certOpts := o.certOptions()
 	if o.AllowRestartInProcess {
 		certOpts.ControllerName = fmt.Sprintf("%s-%d", certOpts.ControllerName, managersInProcess.Add(1))
 	}
-	mgr, err := newManagerWaiting(cfg, ctrl.Options{
-		Scheme:                  NewScheme(),
-		Metrics:                 metrics,
-		HealthProbeBindAddress:  o.ProbeAddr,
-		PprofBindAddress:        o.PprofAddr,
-		LeaderElection:          o.LeaderElect,
-		LeaderElectionID:        LeaderElectionID,
-		LeaderElectionNamespace: o.LeaderElectNamespace,
-		// A stopping operator (its pod deleted, a rollout) gives the Lease up once its controllers
-		// have stopped, so the next replica leads at once instead of after the lease duration
-		// (15 s). On make e2e's real node the load a deleted operator pod left was Loaded 6.7 s
-		// after the deletion, 17.5 s without.
-		// The process exits when Start returns, so nothing runs on after the release.
-		LeaderElectionReleaseOnCancel:       true,
-		LeaseDuration:                       nonZero(o.LeaseDuration),
-		RenewDeadline:                       nonZero(o.RenewDeadline),
-		RetryPeriod:                         nonZero(o.RetryPeriod),
-		LeaderElectionResourceLockInterface: lock,
-		Controller:                          config.Controller{SkipNameValidation: ptr.To(o.AllowRestartInProcess)},
-		Cache:                               cacheOptions(o, certOpts),
-		WebhookServer: webhook.NewServer(webhook.Options{
-			Host:    o.WebhookHost,
-			Port:    o.WebhookPort,
-			CertDir: o.webhookCertDir(),
-		}),
-	})
+	mgrOpts, err := managerOptions(cfg, o, certOpts, leaseEvents)
+	if err != nil {
+		return nil, err
+	}
+	mgr, err := newManagerWaiting(cfg, mgrOpts)
 	if err != nil {
 		return nil, err
 	}
@@ -483,6 +450,65 @@ func New(cfg *rest.Config, o Options) (ctrl.Manager, error) {
 		}
 	}
 	return mgr, nil
+}
+
+// managerOptions are the controller-runtime options New builds the manager with: metrics, probes,
+// leader election with its fenced Lease lock (fence.go), the cache's scope, the webhook server;
+// then Options.Instrument's changes, if any. It wraps cfg's transport with the lease fence.
+func managerOptions(cfg *rest.Config, o Options, certOpts certs.Options, events *lateEvents) (ctrl.Options, error) {
+	metrics := metricsserver.Options{BindAddress: o.MetricsAddr}
+	if o.MetricsSecure {
+		// Who may read is decided by the API server's TokenReview and SubjectAccessReview.
+		metrics.SecureServing = true
+		metrics.FilterProvider = filters.WithAuthenticationAndAuthorization
+		if !o.DisableWebhook {
+			// The webhook's serving certificate (kmm's or cert-manager's), which also covers the
+			// metrics Service (--metrics-service-name): a scraper verifies it with the CA of the
+			// certificate Secret (config/prometheus). Without a webhook, controller-runtime's
+			// self-signed certificate (local runs).
+			fc := &certs.FileCertificate{Dir: o.webhookCertDir()}
+			metrics.TLSOpts = []func(*tls.Config){func(c *tls.Config) { c.GetCertificate = fc.GetCertificate }}
+		}
+	}
+	lock, fence, err := leaderElection(cfg, o, events)
+	if err != nil {
+		return ctrl.Options{}, err
+	}
+	opts := ctrl.Options{
+		Scheme:                  NewScheme(),
+		Metrics:                 metrics,
+		HealthProbeBindAddress:  o.ProbeAddr,
+		PprofBindAddress:        o.PprofAddr,
+		LeaderElection:          o.LeaderElect,
+		LeaderElectionID:        LeaderElectionID,
+		LeaderElectionNamespace: o.LeaderElectNamespace,
+		// A stopping operator (its pod deleted, a rollout) gives the Lease up once its controllers
+		// have stopped, so the next replica leads at once instead of after the lease duration
+		// (15 s). On make e2e's real node the load a deleted operator pod left was Loaded 6.7 s
+		// after the deletion, 17.5 s without.
+		// The process exits when Start returns, so nothing runs on after the release.
+		LeaderElectionReleaseOnCancel:       true,
+		LeaseDuration:                       nonZero(o.LeaseDuration),
+		RenewDeadline:                       nonZero(o.RenewDeadline),
+		RetryPeriod:                         nonZero(o.RetryPeriod),
+		LeaderElectionResourceLockInterface: lock,
+		Controller:                          config.Controller{SkipNameValidation: ptr.To(o.AllowRestartInProcess)},
+		Cache:                               cacheOptions(o, certOpts),
+		WebhookServer: webhook.NewServer(webhook.Options{
+			Host:    o.WebhookHost,
+			Port:    o.WebhookPort,
+			CertDir: o.webhookCertDir(),
+		}),
+	}
+	if o.Instrument != nil {
+		o.Instrument(&opts)
+	}
+	if fence != nil {
+		// Last, so that the fence follows the lock the manager uses, whatever Instrument wrapped
+		// around it.
+		opts.LeaderElectionResourceLockInterface = fence.Lock(opts.LeaderElectionResourceLockInterface)
+	}
+	return opts, nil
 }
 
 // nonZero is &d, or nil (controller-runtime's default) when d is zero.

@@ -14,41 +14,36 @@ import (
 	"github.com/kmm-project/kmm/internal/leasefence"
 )
 
-// fencedLeaderElection builds the leader election lock and the fence that follows it
+// leaderElection builds the leader election lock and the fence that follows it
 // (internal/leasefence), and wraps cfg's transport with the fence, so that a replica writes only
-// while its last Lease renewal started less than the renew deadline ago. Without leader election
-// it changes nothing and returns nils. events receives the lock's Events ("became leader") once
-// the manager exists: bind it then.
-func fencedLeaderElection(cfg *rest.Config, o Options, events *lateEvents) (resourcelock.Interface, error) {
+// while its last Lease renewal started less than the renew deadline ago. New puts the fence around
+// the lock (Fence.Lock) once Options.Instrument has had its say. Without leader election it
+// changes nothing and returns nils. events receives the lock's Events ("became leader") once the
+// manager exists: bind it then.
+func leaderElection(cfg *rest.Config, o Options, events *lateEvents) (resourcelock.Interface, *leasefence.Fence, error) {
 	if !o.LeaderElect {
-		return nil, nil
-	}
-	lock, err := seededLeaderLock(cfg, o)
-	if err != nil {
-		return nil, err
+		return nil, nil, nil
 	}
 	renewDeadline := o.RenewDeadline
 	if renewDeadline == 0 {
 		renewDeadline = defaultRenewDeadline
 	}
-	if lock == nil {
-		// On a copy: NewResourceLock sets the user agent and a client timeout of half the renew
-		// deadline on the config it is given, which on cfg would put that timeout on every request
-		// of the manager, watches included (cut every second with a 2 s deadline, every 5 s with
-		// the default), and its caches would never sync where a LIST takes longer.
-		lock, err = leaderelection.NewResourceLock(rest.CopyConfig(cfg), events, leaderelection.Options{
-			LeaderElection:          true,
-			LeaderElectionID:        LeaderElectionID,
-			LeaderElectionNamespace: o.LeaderElectNamespace,
-			RenewDeadline:           renewDeadline,
-		})
-		if err != nil {
-			return nil, err
-		}
+	// On a copy: NewResourceLock sets the user agent and a client timeout of half the renew
+	// deadline on the config it is given, which on cfg would put that timeout on every request of
+	// the manager, watches included (cut every second with a 2 s deadline, every 5 s with the
+	// default), and its caches would never sync where a LIST takes longer.
+	lock, err := leaderelection.NewResourceLock(rest.CopyConfig(cfg), events, leaderelection.Options{
+		LeaderElection:          true,
+		LeaderElectionID:        LeaderElectionID,
+		LeaderElectionNamespace: o.LeaderElectNamespace,
+		RenewDeadline:           renewDeadline,
+	})
+	if err != nil {
+		return nil, nil, err
 	}
 	fence := leasefence.New(renewDeadline, nil)
 	cfg.Wrap(fence.Wrap)
-	return fence.Lock(lock), nil
+	return lock, fence, nil
 }
 
 // defaultRenewDeadline is controller-runtime's default RenewDeadline, used when --leader-elect-renew-deadline is 0.

@@ -3,14 +3,17 @@ package app
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/kmm-project/kmm/internal/leasefence"
@@ -77,5 +80,57 @@ func TestLeaderWritesAreFencedByItsLease(t *testing.T) {
 		t.Logf("the manager stopped: %v", err)
 	case <-time.After(10 * time.Second):
 		t.Fatal("the manager did not stop after losing its Lease")
+	}
+}
+
+// renewalsTakenAsDone is a Lease lock whose writes, once skip is set, are answered as done without
+// being sent: to the lock above it every renewal succeeds, while the Lease is no longer renewed.
+type renewalsTakenAsDone struct {
+	resourcelock.Interface
+	skip *atomic.Bool
+}
+
+func (l renewalsTakenAsDone) Update(ctx context.Context, rec resourcelock.LeaderElectionRecord) error {
+	if l.skip.Load() {
+		return nil
+	}
+	return l.Interface.Update(ctx, rec)
+}
+
+// TestInstrumentedLockIsUnderTheFence sets Options.Instrument to wrap the Lease lock with one that,
+// once the manager leads, answers its renewals as done without sending them: the lease fence, which
+// New puts around the lock Instrument leaves, takes the lock's word and lets the client's writes
+// through past the renew deadline (what test/chaos's seeded bug keep-leading needs; nothing else
+// replaces the Lease here). With the fence around the bare lock under Instrument's wrapper (the
+// seeded fault), it sees no renewal and refuses the writes once the renew deadline has passed.
+func TestInstrumentedLockIsUnderTheFence(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const ns = "kmm-instrument"
+	env, _, o := electionBed(ctx, t, ns)
+	var skip atomic.Bool
+	o.Instrument = func(mo *ctrl.Options) {
+		mo.LeaderElectionResourceLockInterface = renewalsTakenAsDone{Interface: mo.LeaderElectionResourceLockInterface, skip: &skip}
+	}
+	mgr, err := New(env.Config, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = mgr.Start(ctx) }()
+	select {
+	case <-mgr.Elected():
+	case <-ctx.Done():
+		t.Fatal("the manager never led")
+	}
+	c := mgr.GetClient()
+	skip.Store(true)
+	skipping := time.Now()
+	for time.Since(skipping) < o.RenewDeadline+time.Second {
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "w-" + time.Now().Format("150405.000000")}}
+		if err := c.Create(ctx, cm); err != nil {
+			t.Fatalf("a write %v after the lock began to answer renewals itself: %v (the fence must follow the lock Instrument leaves)",
+				time.Since(skipping).Round(time.Millisecond), err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

@@ -1,49 +1,17 @@
-package app
+package seededbug
 
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"fmt"
-	"os"
 	"sync"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/uuid"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
-
-	"github.com/kmm-project/kmm/internal/chaosbug"
 )
 
-// seededLeaderLock is the Lease lock of the seeded bug chaosbug.KeepLeading, nil (controller-runtime
-// builds its own) in every other case, production builds included.
-func seededLeaderLock(cfg *rest.Config, o Options) (resourcelock.Interface, error) {
-	if !o.LeaderElect || !chaosbug.Enabled(chaosbug.KeepLeading) {
-		return nil, nil
-	}
-	if o.LeaderElectNamespace == "" {
-		return nil, errors.New("the seeded bug keep-leading needs --leader-elect-namespace")
-	}
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return nil, err
-	}
-	host, err := os.Hostname()
-	if err != nil {
-		return nil, err
-	}
-	lock, err := resourcelock.New(resourcelock.LeasesResourceLock, o.LeaderElectNamespace, LeaderElectionID, cs.CoreV1(), cs.CoordinationV1(),
-		resourcelock.ResourceLockConfig{Identity: host + "_" + string(uuid.NewUUID())})
-	if err != nil {
-		return nil, fmt.Errorf("building the leader election lock: %w", err)
-	}
-	return &stubbornLock{Interface: lock}, nil
-}
-
-// stubbornLock is the bug: once it has held the Lease it believes it still does — a failed read
-// answers with its own record, a failed write is taken as done, another holder is read as itself.
+// stubbornLock is KeepLeading's wrapper of the bare Lease lock: once it has held the Lease it
+// believes it still does — a failed read answers with its own record, a failed write is taken as
+// done, another holder is read as itself.
 type stubbornLock struct {
 	resourcelock.Interface
 	mu   sync.Mutex
@@ -51,6 +19,8 @@ type stubbornLock struct {
 	last resourcelock.LeaderElectionRecord
 }
 
+// Get reads the Lease; once held, a failed read or another holder is answered with this lock's own
+// record, renewed now.
 func (l *stubbornLock) Get(ctx context.Context) (*resourcelock.LeaderElectionRecord, []byte, error) {
 	rec, raw, err := l.Interface.Get(ctx)
 	l.mu.Lock()
@@ -71,10 +41,12 @@ func (l *stubbornLock) Get(ctx context.Context) (*resourcelock.LeaderElectionRec
 	return &mine, b, jerr
 }
 
+// Create creates the Lease (see wrote).
 func (l *stubbornLock) Create(ctx context.Context, rec resourcelock.LeaderElectionRecord) error {
 	return l.wrote(rec, l.Interface.Create(ctx, rec))
 }
 
+// Update writes the Lease (see wrote).
 func (l *stubbornLock) Update(ctx context.Context, rec resourcelock.LeaderElectionRecord) error {
 	return l.wrote(rec, l.Interface.Update(ctx, rec))
 }
