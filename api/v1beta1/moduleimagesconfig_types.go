@@ -15,7 +15,7 @@ import (
 // ImageState is upstream's summary of an image (status.imagesStates[].status).
 type ImageState string
 
-// Upstream's image summaries. kmm writes the one its machine state stands for (ImageStateFor in
+// Upstream's image summaries. kmm writes the one its machine state stands for (UpstreamStatus in
 // package image).
 const (
 	// ImageExists: the image is in its registry.
