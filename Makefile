@@ -118,8 +118,9 @@ e2e: $(CONTROL_PLANE) $(BIN)/kubelet $(KUSTOMIZE) ## Run kmm from its own images
 DEPTH ?= 4
 
 .PHONY: explore
-explore: ## Explore every interleaving of the fsm model to DEPTH steps: print the state counts, write docs/exploration.md.
+explore: ## Explore every interleaving of the fsm model to DEPTH steps: print the state counts, write docs/exploration.md; the image machine's to 8 events.
 	go test ./fsm -count=1 -timeout 30m -run '^TestExplore$$' -v -explore.depth=$(DEPTH) -explore.report=$(CURDIR)/docs/exploration.md
+	go test ./image -count=1 -timeout 10m -run '^TestExplore$$' -v -image.depth=8
 
 .PHONY: fuzz
 fuzz: ## Run every fuzz target for FUZZ_TIME each (or the count its entry gives).

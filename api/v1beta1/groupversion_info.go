@@ -1,7 +1,8 @@
 // Package v1beta1 holds the kmm.sigs.x-k8s.io/v1beta1 API: the user-facing Module, compatible with
-// the upstream Kernel Module Management operator, and the operator-internal NodeModulesConfig that
+// the upstream Kernel Module Management operator, the operator-internal NodeModulesConfig that
 // records, per node, what should be loaded (spec) and what is true (status, with the state machine),
-// and PreflightValidation, upstream's check of every Module against a kernel before an upgrade.
+// PreflightValidation, upstream's check of every Module against a kernel before an upgrade, and
+// ModuleImagesConfig, the images a Module needs and the record of their build and sign.
 //
 // +kubebuilder:object:generate=true
 // +groupName=kmm.sigs.x-k8s.io
@@ -26,7 +27,7 @@ var (
 
 func addKnownTypes(s *runtime.Scheme) error {
 	s.AddKnownTypes(GroupVersion, &Module{}, &ModuleList{}, &NodeModulesConfig{}, &NodeModulesConfigList{},
-		&PreflightValidation{}, &PreflightValidationList{})
+		&PreflightValidation{}, &PreflightValidationList{}, &ModuleImagesConfig{}, &ModuleImagesConfigList{})
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil
 }

@@ -31,19 +31,14 @@ type TLSOptions struct {
 //
 // +kubebuilder:validation:XValidation:rule="(has(self.literal) && size(self.literal) > 0 ? 1 : 0) + (has(self.regexp) && size(self.regexp) > 0 ? 1 : 0) + (has(self.versionRange) && size(self.versionRange) > 0 ? 1 : 0) == 1",message="exactly one of literal, regexp or versionRange must be set"
 type KernelMapping struct {
-	// Build is upstream's in-cluster build; kmm does not build images.
-	// +kubebuilder:validation:Type=object
-	// +kubebuilder:pruning:PreserveUnknownFields
-	// +kubebuilder:validation:XValidation:rule="false",message="in-cluster build is not supported by kmm: build the kmod image outside the cluster and set containerImage"
+	// Build builds this mapping's image in the cluster when it does not exist; it overrides the
+	// container's build (see docs/api.md for what kmm does with it today).
 	// +optional
-	Build *Unsupported `json:"build,omitempty"`
+	Build *Build `json:"build,omitempty"`
 
-	// Sign is upstream's in-cluster module signing; kmm does not sign modules.
-	// +kubebuilder:validation:Type=object
-	// +kubebuilder:pruning:PreserveUnknownFields
-	// +kubebuilder:validation:XValidation:rule="false",message="in-cluster signing is not supported by kmm: sign the modules before building the kmod image"
+	// Sign signs this mapping's modules in the cluster; it overrides the container's sign.
 	// +optional
-	Sign *Unsupported `json:"sign,omitempty"`
+	Sign *Sign `json:"sign,omitempty"`
 
 	// ContainerImage is the kmod image for the kernels this mapping matches. It overrides the
 	// container's default and may use the same $KERNEL_* and $MOD_* variables.
@@ -140,19 +135,14 @@ type ModprobeSpec struct {
 // +kubebuilder:validation:XValidation:rule="(has(oldSelf.version) && size(oldSelf.version) > 0) == (has(self.version) && size(self.version) > 0)",message="version cannot be added to or removed from an existing Module: delete and recreate the Module",fieldPath=".version"
 // +kubebuilder:validation:XValidation:rule="!has(self.modprobe.rawArgs) || (has(self.modprobe.rawArgs.load) && has(self.modprobe.rawArgs.unload))",message="rawArgs needs both load and unload: without unload arguments the module could never be unloaded",fieldPath=".modprobe.rawArgs"
 type ModuleLoaderContainerSpec struct {
-	// Build is upstream's in-cluster build; kmm does not build images.
-	// +kubebuilder:validation:Type=object
-	// +kubebuilder:pruning:PreserveUnknownFields
-	// +kubebuilder:validation:XValidation:rule="false",message="in-cluster build is not supported by kmm: build the kmod image outside the cluster and set containerImage"
+	// Build is the default in-cluster build of every mapping's image (see docs/api.md for what kmm
+	// does with it today).
 	// +optional
-	Build *Unsupported `json:"build,omitempty"`
+	Build *Build `json:"build,omitempty"`
 
-	// Sign is upstream's in-cluster module signing; kmm does not sign modules.
-	// +kubebuilder:validation:Type=object
-	// +kubebuilder:pruning:PreserveUnknownFields
-	// +kubebuilder:validation:XValidation:rule="false",message="in-cluster signing is not supported by kmm: sign the modules before building the kmod image"
+	// Sign is the default in-cluster signing of every mapping's modules.
 	// +optional
-	Sign *Unsupported `json:"sign,omitempty"`
+	Sign *Sign `json:"sign,omitempty"`
 
 	// Version is the version of the module for ordered upgrades (see docs/api.md). Once set it cannot
 	// be removed, and it cannot be added to a Module created without it.
@@ -360,8 +350,8 @@ type ModuleSpec struct {
 	// +optional
 	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
 
-	// ImageRebuildTriggerGeneration is upstream's trigger for in-cluster rebuilds; kmm does not build.
-	// +kubebuilder:validation:XValidation:rule="false",message="imageRebuildTriggerGeneration is not supported by kmm: it does not build images in-cluster"
+	// ImageRebuildTriggerGeneration, when changed (or set), has every image of the Module checked
+	// in its registry again and built (and signed) if it is missing.
 	// +optional
 	ImageRebuildTriggerGeneration *int64 `json:"imageRebuildTriggerGeneration,omitempty"`
 

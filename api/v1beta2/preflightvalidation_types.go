@@ -38,10 +38,10 @@ type PreflightValidationSpec struct {
 	// +kubebuilder:validation:MaxLength=256
 	KernelVersion string `json:"kernelVersion"`
 
-	// PushBuiltImage is upstream's request to push the images an in-cluster build made during the
-	// preflight. kmm builds nothing: only false (or leaving it out) is accepted.
+	// PushBuiltImage asks for the images of the Modules with a build (or sign) recipe to be built
+	// and pushed for the target kernel ahead of the upgrade (upstream's field). Accepted; kmm does
+	// not build yet, so today it changes nothing (docs/api.md).
 	// +optional
-	// +kubebuilder:validation:XValidation:rule="!self",message="pushBuiltImage is not supported by kmm: kmm does not build images, it checks that they exist"
 	PushBuiltImage bool `json:"pushBuiltImage,omitempty"`
 }
 

@@ -1,13 +1,16 @@
-// Command kmm-diagrams writes the state diagrams of the (node, module) state machine (DOT, Mermaid
-// and a README) into the directory given as its argument, from the configuration in package fsm.
+// Command kmm-diagrams writes the state diagrams of kmm's state machines — the (node, module) pair
+// machine of package fsm and the (Module, image) machine of package image — as DOT, Mermaid and
+// Markdown into the directory given as its argument, from the machines' own configuration.
 package main
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 
 	"github.com/kmm-project/kmm/fsm"
+	"github.com/kmm-project/kmm/image"
 )
 
 func main() {
@@ -20,7 +23,9 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	for name, content := range fsm.DiagramFiles() {
+	files := fsm.DiagramFiles()
+	maps.Copy(files, image.DiagramFiles())
+	for name, content := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil { //nolint:gosec // G306: documentation files are meant to be readable
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)

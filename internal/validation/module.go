@@ -18,9 +18,16 @@ import (
 // sampleKernel is the kernel used to check that image references with variables parse.
 var sampleKernel = kernel.Version{Full: "5.14.0-1.el9.x86_64", Release: []int{5, 14, 0}, Build: 1, HasBuild: true}
 
-// Module checks every rule of a Module that admission enforces, whether the CRD schema or the
-// validating webhook enforces it, so that controllers can re-check an object that got in anyway.
+// Module is the controllers' re-check of a Module before they act on it: every rule of admission
+// (Admission), so that an object that got in anyway is caught, and what admission accepts but kmm
+// does not carry out yet (NotCarriedOut).
 func Module(m *kmmv1beta1.Module) field.ErrorList {
+	return append(Admission(m), NotCarriedOut(m)...)
+}
+
+// Admission checks every rule of a Module that admission enforces, whether the CRD schema or the
+// validating webhook enforces it.
+func Admission(m *kmmv1beta1.Module) field.ErrorList {
 	spec := field.NewPath("spec")
 	errs := validateUnsupported(m, spec)
 	if len(m.Spec.Selector) == 0 {
@@ -71,13 +78,13 @@ func validateModuleLoader(m *kmmv1beta1.Module, p *field.Path, ml *kmmv1beta1.Mo
 	errs = append(errs, validateKernelMappings(m, container.Child("kernelMappings"), c)...)
 	errs = append(errs, validateModprobe(container.Child("modprobe"), &c.Modprobe)...)
 	errs = append(errs, validateServiceAccount(p.Child("serviceAccountName"), ml.ServiceAccountName)...)
-	return errs
+	return append(errs, validateBuildAndSign(m, container, c)...)
 }
 
-// ModuleUpdate checks the rules of Module and those that compare a Module with its previous
+// ModuleUpdate checks the rules of Admission and those that compare a Module with its previous
 // revision.
 func ModuleUpdate(m, old *kmmv1beta1.Module) field.ErrorList {
-	errs := Module(m)
+	errs := Admission(m)
 	oldVersion, newVersion := old.Spec.Version(), m.Spec.Version()
 	versionPath := field.NewPath("spec", "moduleLoader", "container", "version")
 	if (oldVersion == "") != (newVersion == "") {
@@ -110,27 +117,10 @@ func images(m *kmmv1beta1.Module) []string {
 }
 
 func validateUnsupported(m *kmmv1beta1.Module, spec *field.Path) field.ErrorList {
-	var errs field.ErrorList
-	unsupported := func(p *field.Path, set bool, what string) {
-		if set {
-			errs = append(errs, field.Forbidden(p, what+" is not supported by kmm"))
-		}
+	if m.Spec.DRA != nil {
+		return field.ErrorList{field.Forbidden(spec.Child("dra"), "dra is not supported by kmm")}
 	}
-	unsupported(spec.Child("dra"), m.Spec.DRA != nil, "dra")
-	unsupported(spec.Child("imageRebuildTriggerGeneration"), m.Spec.ImageRebuildTriggerGeneration != nil, "imageRebuildTriggerGeneration")
-	if m.Spec.ModuleLoader == nil {
-		return errs
-	}
-	c := &m.Spec.ModuleLoader.Container
-	container := spec.Child("moduleLoader", "container")
-	unsupported(container.Child("build"), c.Build != nil, "in-cluster build")
-	unsupported(container.Child("sign"), c.Sign != nil, "in-cluster signing")
-	for i := range c.KernelMappings {
-		km := &c.KernelMappings[i]
-		unsupported(container.Child("kernelMappings").Index(i).Child("build"), km.Build != nil, "in-cluster build")
-		unsupported(container.Child("kernelMappings").Index(i).Child("sign"), km.Sign != nil, "in-cluster signing")
-	}
-	return errs
+	return nil
 }
 
 func validateKernelMappings(m *kmmv1beta1.Module, p *field.Path, c *kmmv1beta1.ModuleLoaderContainerSpec) field.ErrorList {

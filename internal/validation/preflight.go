@@ -8,17 +8,13 @@ import (
 )
 
 // PreflightValidation checks what admission enforces on a PreflightValidation: the target kernel
-// parses as a kernel version (the schema cannot say so), and pushBuiltImage is not set (kmm builds
-// nothing; the schema says so too).
+// parses as a kernel version (the schema cannot say so). pushBuiltImage is accepted (docs/api.md).
 func PreflightValidation(pv *kmmv1beta2.PreflightValidation) field.ErrorList {
 	spec := field.NewPath("spec")
 	var errs field.ErrorList
 	if _, err := kernel.Parse(pv.Spec.KernelVersion); err != nil {
 		errs = append(errs, field.Invalid(spec.Child("kernelVersion"), pv.Spec.KernelVersion,
 			"not a kernel version as node.status.nodeInfo.kernelVersion shows one: "+err.Error()))
-	}
-	if pv.Spec.PushBuiltImage {
-		errs = append(errs, field.Forbidden(spec.Child("pushBuiltImage"), "pushBuiltImage is not supported by kmm: kmm does not build images, it checks that they exist"))
 	}
 	return errs
 }

@@ -1,6 +1,7 @@
 package validation_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -92,14 +93,92 @@ func TestModule(t *testing.T) {
 
 		{"unsupported: dra", func(m *kmmv1beta1.Module) { m.Spec.DRA = &apiextensionsv1.JSON{Raw: []byte("{}")} },
 			"spec.dra", "dra is not supported by kmm"},
-		{"unsupported: imageRebuildTriggerGeneration", func(m *kmmv1beta1.Module) { g := int64(1); m.Spec.ImageRebuildTriggerGeneration = &g },
-			"spec.imageRebuildTriggerGeneration", "not supported by kmm"},
-		{"unsupported: build", func(m *kmmv1beta1.Module) { container(m).Build = &apiextensionsv1.JSON{Raw: []byte("{}")} },
-			"spec.moduleLoader.container.build", "in-cluster build is not supported"},
-		{"unsupported: a mapping's sign", func(m *kmmv1beta1.Module) {
-			container(m).KernelMappings[0].Sign = &apiextensionsv1.JSON{Raw: []byte("{}")}
-		},
-			mappings + "[0].sign", "in-cluster signing is not supported"},
+		{"imageRebuildTriggerGeneration", func(m *kmmv1beta1.Module) { g := int64(1); m.Spec.ImageRebuildTriggerGeneration = &g }, "", ""},
+		{"build", func(m *kmmv1beta1.Module) { container(m).Build = validBuild() }, "", ""},
+		{"sign with globs", func(m *kmmv1beta1.Module) { container(m).KernelMappings[0].Sign = validSign() }, "", ""},
+		{"build: no dockerfileConfigMap", func(m *kmmv1beta1.Module) { container(m).Build = &kmmv1beta1.Build{} },
+			"spec.moduleLoader.container.build.dockerfileConfigMap.name", "Required value"},
+		{"build: dockerfileConfigMap without a name", func(m *kmmv1beta1.Module) {
+			container(m).Build = &kmmv1beta1.Build{DockerfileConfigMap: &corev1.LocalObjectReference{}}
+		}, "spec.moduleLoader.container.build.dockerfileConfigMap.name", "Required value"},
+		{"build: 65 build args", func(m *kmmv1beta1.Module) {
+			b := validBuild()
+			for i := range 65 {
+				b.BuildArgs = append(b.BuildArgs, kmmv1beta1.BuildArg{Name: fmt.Sprint("A", i)})
+			}
+			container(m).KernelMappings[0].Build = b
+		}, mappings + "[0].build.buildArgs", "must have at most 64 items"},
+		{"build: a build arg without a name", func(m *kmmv1beta1.Module) {
+			b := validBuild()
+			b.BuildArgs = []kmmv1beta1.BuildArg{{Value: "x"}}
+			container(m).Build = b
+		}, "spec.moduleLoader.container.build.buildArgs[0].name", "needs a name"},
+		{"build: 17 secrets", func(m *kmmv1beta1.Module) {
+			b := validBuild()
+			b.Secrets = make([]corev1.LocalObjectReference, 17)
+			for i := range b.Secrets {
+				b.Secrets[i].Name = fmt.Sprint("s", i)
+			}
+			container(m).Build = b
+		}, "spec.moduleLoader.container.build.secrets", "must have at most 16 items"},
+		{"build: a bad selector value", func(m *kmmv1beta1.Module) {
+			b := validBuild()
+			b.Selector = map[string]string{"role": "a b"}
+			container(m).Build = b
+		}, "spec.moduleLoader.container.build.selector[role]", "not a valid label value"},
+		{"sign: no keySecret", func(m *kmmv1beta1.Module) {
+			s := validSign()
+			s.KeySecret = nil
+			container(m).Sign = s
+		}, "spec.moduleLoader.container.sign.keySecret.name", "Required value"},
+		{"sign: a bad certSecret name", func(m *kmmv1beta1.Module) {
+			s := validSign()
+			s.CertSecret.Name = "Cert_1"
+			container(m).Sign = s
+		}, "spec.moduleLoader.container.sign.certSecret.name", "RFC 1123"},
+		{"sign: no filesToSign", func(m *kmmv1beta1.Module) {
+			s := validSign()
+			s.FilesToSign = nil
+			container(m).KernelMappings[0].Sign = s
+		}, mappings + "[0].sign.filesToSign", "at least one"},
+		{"sign: 65 filesToSign", func(m *kmmv1beta1.Module) {
+			s := validSign()
+			for i := range 64 {
+				s.FilesToSign = append(s.FilesToSign, fmt.Sprintf("/opt/m%d.ko", i))
+			}
+			container(m).Sign = s
+		}, "spec.moduleLoader.container.sign.filesToSign", "must have at most 64 items"},
+		{"sign: a relative path", func(m *kmmv1beta1.Module) {
+			s := validSign()
+			s.FilesToSign = []string{"opt/a.ko"}
+			container(m).Sign = s
+		}, "spec.moduleLoader.container.sign.filesToSign[0]", "absolute"},
+		{"sign: outside dirName", func(m *kmmv1beta1.Module) {
+			s := validSign()
+			s.FilesToSign = []string{"/opt/../etc/a.ko"}
+			container(m).Sign = s
+		}, "spec.moduleLoader.container.sign.filesToSign[0]", "under modprobe.dirName /opt/"},
+		{"sign: under another dirName", func(m *kmmv1beta1.Module) {
+			container(m).Modprobe.DirName = "/modules/"
+			s := validSign()
+			s.FilesToSign = []string{"/modules/lib/modules/*/a.ko"}
+			container(m).Sign = s
+		}, "", ""},
+		{"sign: a bad glob", func(m *kmmv1beta1.Module) {
+			s := validSign()
+			s.FilesToSign = []string{"/opt/[a-.ko"}
+			container(m).Sign = s
+		}, "spec.moduleLoader.container.sign.filesToSign[0]", "not a valid glob"},
+		{"sign: unsignedImage without a tag", func(m *kmmv1beta1.Module) {
+			s := validSign()
+			s.UnsignedImage = "reg.example.com/kmod"
+			container(m).Sign = s
+		}, "spec.moduleLoader.container.sign.unsignedImage", "tag or a digest"},
+		{"sign: unsignedImage with an unknown variable", func(m *kmmv1beta1.Module) {
+			s := validSign()
+			s.UnsignedImage = "reg.example.com/kmod:$NOPE"
+			container(m).Sign = s
+		}, "spec.moduleLoader.container.sign.unsignedImage", "NOPE"},
 
 		{"image: no tag", func(m *kmmv1beta1.Module) { container(m).ContainerImage = "reg.example.com/nic" },
 			"spec.moduleLoader.container.containerImage", "must carry a tag or a digest"},
@@ -223,8 +302,50 @@ func TestModule(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			m := validModule()
 			tc.mutate(m)
-			check(t, validation.Module(m), tc.wantField, tc.wantMsg)
+			check(t, validation.Admission(m), tc.wantField, tc.wantMsg)
 		})
+	}
+}
+
+func validBuild() *kmmv1beta1.Build {
+	return &kmmv1beta1.Build{
+		DockerfileConfigMap: &corev1.LocalObjectReference{Name: "dockerfile"},
+		BuildArgs:           []kmmv1beta1.BuildArg{{Name: "DRIVER", Value: "1.2"}},
+		Secrets:             []corev1.LocalObjectReference{{Name: "git-token"}},
+		Selector:            map[string]string{"node-role.kubernetes.io/builder": ""},
+		KanikoParams:        &kmmv1beta1.KanikoParams{Tag: "v1"},
+	}
+}
+
+func validSign() *kmmv1beta1.Sign {
+	return &kmmv1beta1.Sign{
+		UnsignedImage: "reg.example.com/kmod:$KERNEL_FULL_VERSION-unsigned",
+		KeySecret:     &corev1.LocalObjectReference{Name: "key"},
+		CertSecret:    &corev1.LocalObjectReference{Name: "cert"},
+		FilesToSign:   []string{"/opt/lib/modules/$KERNEL_FULL_VERSION/nic.ko", "/opt/lib/modules/*/[!x]*.ko"},
+	}
+}
+
+// TestNotCarriedOut: a Module with a build or sign recipe passes admission, and the controllers'
+// re-check (Module) holds it back with BuildNotYetSupported on each recipe, until the image
+// controller exists; nothing else is held back.
+func TestNotCarriedOut(t *testing.T) {
+	m := validModule()
+	g := int64(2)
+	m.Spec.ImageRebuildTriggerGeneration = &g
+	if errs := validation.Module(m); len(errs) != 0 {
+		t.Fatalf("a Module without build or sign is held back: %v", errs.ToAggregate())
+	}
+	container(m).Sign = validSign()
+	container(m).KernelMappings[0].Build = validBuild()
+	if errs := validation.Admission(m); len(errs) != 0 {
+		t.Fatalf("admission rejects build and sign: %v", errs.ToAggregate())
+	}
+	errs := validation.Module(m)
+	check(t, errs, "spec.moduleLoader.container.sign", validation.ReasonBuildNotYetSupported)
+	check(t, errs, "spec.moduleLoader.container.kernelMappings[0].build", "nothing is loaded for this Module")
+	if len(errs) != 2 {
+		t.Fatalf("want 2 errors, got %v", errs.ToAggregate())
 	}
 }
 
@@ -320,8 +441,7 @@ func TestPreflightValidation(t *testing.T) {
 		{"valid", kmmv1beta2.PreflightValidationSpec{KernelVersion: "6.1.0-56-cloud-amd64"}, "", ""},
 		{"kernelVersion that does not parse", kmmv1beta2.PreflightValidationSpec{KernelVersion: "six"},
 			"spec.kernelVersion", "not a kernel version as node.status.nodeInfo.kernelVersion shows one"},
-		{"pushBuiltImage", kmmv1beta2.PreflightValidationSpec{KernelVersion: "6.1.0", PushBuiltImage: true},
-			"spec.pushBuiltImage", "kmm does not build images"},
+		{"pushBuiltImage", kmmv1beta2.PreflightValidationSpec{KernelVersion: "6.1.0", PushBuiltImage: true}, "", ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -1,6 +1,6 @@
 // Package webhook serves kmm's admission webhooks. The rules live in internal/validation
-// (validation.Module) so that controllers can re-check them; this package adapts them to
-// controller-runtime's admission interface.
+// (validation.Admission) so that controllers can re-check them (validation.Module); this package
+// adapts them to controller-runtime's admission interface.
 package webhook
 
 import (
@@ -31,7 +31,7 @@ func SetupModuleWebhook(mgr ctrl.Manager) error {
 
 // ValidateCreate rejects an invalid new Module.
 func (ModuleValidator) ValidateCreate(_ context.Context, m *kmmv1beta1.Module) (admission.Warnings, error) {
-	return nil, invalid(m, validation.Module(m))
+	return nil, invalid(m, validation.Admission(m))
 }
 
 // ValidateUpdate rejects an invalid change to a Module.

@@ -152,7 +152,8 @@ func checkEvents(t *testing.T, pvName string, reasons ...string) {
 	})
 }
 
-// TestAdmission: the schema and the webhook reject what kmm does not do, naming the field.
+// TestAdmission: the schema and the webhook reject what kmm does not do, naming the field, and
+// accept upstream's pushBuiltImage.
 func TestAdmission(t *testing.T) {
 	ctx := context.Background()
 	cases := []struct {
@@ -161,7 +162,6 @@ func TestAdmission(t *testing.T) {
 		field     string
 		wantInMsg string
 	}{
-		{"pushBuiltImage", kmmv1beta1.PreflightValidationSpec{KernelVersion: Target, PushBuiltImage: true}, "spec.pushBuiltImage", "kmm does not build images"},
 		{"kernel that is no kernel", kmmv1beta1.PreflightValidationSpec{KernelVersion: "6.1/../x"}, "spec.kernelVersion", "not a kernel version"},
 		{"no kernel", kmmv1beta1.PreflightValidationSpec{}, "spec.kernelVersion", ""},
 	}
@@ -187,6 +187,13 @@ func TestAdmission(t *testing.T) {
 		t.Fatalf("the sample is rejected: %v", err)
 	}
 	t.Cleanup(func() { _ = k8s.Delete(context.Background(), sample) })
+
+	// Upstream's pushBuiltImage is accepted (issue 37; it has no effect until kmm builds).
+	push := &kmmv1beta1.PreflightValidation{ObjectMeta: metav1.ObjectMeta{Name: "push"}, Spec: kmmv1beta1.PreflightValidationSpec{KernelVersion: Target, PushBuiltImage: true}}
+	if err := k8s.Create(ctx, push); err != nil {
+		t.Fatalf("pushBuiltImage: true is rejected: %v", err)
+	}
+	t.Cleanup(func() { _ = k8s.Delete(context.Background(), push) })
 
 	// Upstream's Build and Sign stages cannot be written to the status.
 	pv := &kmmv1beta1.PreflightValidation{ObjectMeta: metav1.ObjectMeta{Name: "stages"}, Spec: kmmv1beta1.PreflightValidationSpec{KernelVersion: "5.14.0-1.el9.x86_64"}}
