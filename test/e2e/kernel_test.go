@@ -83,9 +83,12 @@ func TestKernel(t *testing.T) {
 		run  func(*testing.T, *kernelEnv)
 	}{
 		{"1 a Module loads a real out-of-tree module, removing an in-tree one first", testRealLoad},
-		{"3 an image bump reloads, an ordered upgrade v1 to v2 unloads and loads", testImageBumpAndUpgrade},
+		{"3 an ordered upgrade v1 to v2 unloads and loads", testRealOrderedUpgrade},
 		{"2 firmware: the worker installs it, the kernel finds it", testFirmware},
+		{"3 an image bump reloads", testImageBump},
 		{"4 unloading a module in use backs off with Busy until the holder is gone", testBusy},
+		{"5 a real reboot: the module is loaded again in the new boot", testReboot},
+		{"6 a real kernel upgrade: the other kernel's mapping, and a Module without one says so", testKernelUpgrade},
 		{"7 deleting the Module unloads it", testRealDelete},
 	}
 	for _, s := range steps {
@@ -181,7 +184,7 @@ func (k *kernelEnv) buildKmods() error {
 	}{
 		{k.cloud, modMain, "v1", false}, {k.cloud, modMain, "v1.1", false}, {k.cloud, modMain, "v2", false},
 		{k.generic, modMain, "v1", false}, {k.generic, modMain, "v1.1", false}, {k.generic, modMain, "v2", false},
-		{k.cloud, modFirmware, "v1", true},
+		{k.cloud, modFirmware, "v1", true}, {k.cloud, modFirmware, "v1.1", true},
 		{k.cloud, modCloudOnly, "v1", false},
 	}
 	var fns []func() error
@@ -231,12 +234,11 @@ func (k *kernelEnv) waitWebhook(t *testing.T) {
 }
 
 // module is a Module of kernelNamespace selecting the guest node, loading kernelModuleOf[name]:
-// a kernel mapping for the cloud kernel, and one for the generic kernel unless the Module is
-// modCloudOnly. The image is the build of version; a Module with a version label gets
+// a kernel mapping for the cloud kernel, and for modMain one for the generic kernel too. The image is the build of version; a Module with a version label gets
 // moduleVersion.
 func (k *kernelEnv) module(name, moduleVersion, version string) *kmmv1beta1.Module {
 	mappings := []kmmv1beta1.KernelMapping{{Literal: k.cloud.Release, ContainerImage: k.images[name+":"+version+"-"+e2e.FlavourCloud]}}
-	if name != modCloudOnly {
+	if name == modMain {
 		mappings = append(mappings, kmmv1beta1.KernelMapping{Regexp: `^6\.1\.0-[0-9]+-amd64$`, ContainerImage: k.images[name+":"+version+"-"+e2e.FlavourGeneric]})
 	}
 	return &kmmv1beta1.Module{
@@ -496,28 +498,9 @@ func (k *kernelEnv) setGuestLabel(t *testing.T, key, value string) {
 	}
 }
 
-func testImageBumpAndUpgrade(t *testing.T, k *kernelEnv) {
-	ctx := context.Background()
-	// An image bump: the same Module version, a new image whose module says v1.1.
+func testRealOrderedUpgrade(t *testing.T, k *kernelEnv) {
+	// The Module moves to v2 (its images with it), then the node's version label.
 	start := time.Now()
-	k.updateModule(t, modMain, func(m *kmmv1beta1.Module) {
-		mappings := k.module(modMain, "v1", "v1.1").Spec.ModuleLoader.Container.KernelMappings
-		for i := range m.Spec.ModuleLoader.Container.KernelMappings {
-			m.Spec.ModuleLoader.Container.KernelMappings[i].ContainerImage = mappings[i].ContainerImage
-		}
-	})
-	k.waitKernelVersion(t, "kmm_e2e", "v1.1")
-	st := k.waitState(t, modMain, kmmv1beta1.StateLoaded, "v1")
-	tm.add("3 image bump → reloaded, v1.1 in the guest kernel", start)
-	if !strings.Contains(st.Config.ContainerImage, ":v1.1-") {
-		t.Errorf("the status records image %s, want the v1.1 build", st.Config.ContainerImage)
-	}
-	k.wantKmsg(t, "kmm_e2e: version v1 unloaded")
-	k.wantKmsg(t, "kmm_e2e: version v1.1 loaded")
-	k.mainVersion = "v1.1"
-
-	// The ordered upgrade: the Module moves to v2, then the node's version label.
-	start = time.Now()
 	k.updateModule(t, modMain, func(m *kmmv1beta1.Module) {
 		want := k.module(modMain, "v2", "v2").Spec.ModuleLoader.Container
 		for i := range m.Spec.ModuleLoader.Container.KernelMappings {
@@ -526,22 +509,41 @@ func testImageBumpAndUpgrade(t *testing.T, k *kernelEnv) {
 		m.Spec.ModuleLoader.Container.Version = "v2"
 	})
 	// Nothing moves before the label does.
-	if s := k.kernelState(t); s.Modules["kmm_e2e"].Version != "v1.1" {
-		t.Errorf("kmm_e2e %+v before the node's version label moved, want v1.1 still", s.Modules["kmm_e2e"])
+	if s := k.kernelState(t); s.Modules["kmm_e2e"].Version != "v1" {
+		t.Errorf("kmm_e2e %+v before the node's version label moved, want v1 still", s.Modules["kmm_e2e"])
 	}
 	k.setGuestLabel(t, kmmv1beta1.ModuleVersionLabel(kernelNamespace, modMain), "v2")
 	k.waitKernelVersion(t, "kmm_e2e", "v2")
 	k.waitState(t, modMain, kmmv1beta1.StateLoaded, "v2")
 	k.waitDevicePlugin(t, modMain, "v2")
 	tm.add("3 ordered upgrade: version label v2 → v2 in the guest kernel, Loaded, its device plugin Ready", start)
-	k.wantKmsg(t, "kmm_e2e: version v1.1 unloaded")
+	k.wantKmsg(t, "kmm_e2e: version v1 unloaded")
 	k.wantKmsg(t, "kmm_e2e: version v2 loaded")
 	k.mainVersion = "v2"
 	poll.Until(t, time.Minute, 250*time.Millisecond, func() (bool, string) {
 		v := k.guestLabels(t)[kmmv1beta1.VersionReadyLabel(kernelNamespace, modMain)]
 		return v == "v2", "version.ready label " + v
 	})
-	_ = ctx
+}
+
+// testImageBump changes the image of the (unversioned) firmware Module to a build whose module
+// says v1.1: the worker unloads v1 and loads v1.1, with its firmware.
+func testImageBump(t *testing.T, k *kernelEnv) {
+	start := time.Now()
+	k.updateModule(t, modFirmware, func(m *kmmv1beta1.Module) {
+		m.Spec.ModuleLoader.Container.KernelMappings[0].ContainerImage = k.images[modFirmware+":v1.1-"+e2e.FlavourCloud]
+	})
+	k.waitKernelVersion(t, "kmm_fw", "v1.1")
+	st := k.waitState(t, modFirmware, kmmv1beta1.StateLoaded, "")
+	tm.add("3 image bump → reloaded, v1.1 in the guest kernel", start)
+	if !strings.Contains(st.Config.ContainerImage, ":v1.1-") {
+		t.Errorf("the status records image %s, want the v1.1 build", st.Config.ContainerImage)
+	}
+	k.wantKmsg(t, "kmm_fw: version v1 unloaded")
+	k.wantKmsg(t, "kmm_fw: version v1.1 loaded")
+	if fw := k.kernelState(t).Modules["kmm_fw"]; fw.Parameters["firmware"] != firmwareLine {
+		t.Errorf("kmm_fw v1.1 in the guest kernel: %+v, want its firmware %q", fw, firmwareLine)
+	}
 }
 
 func testFirmware(t *testing.T, k *kernelEnv) {
@@ -624,7 +626,7 @@ func testBusy(t *testing.T, k *kernelEnv) {
 	if m := k.kernelState(t).Modules["kmm_fw"]; m.Loaded || m.SysModule {
 		t.Errorf("kmm_fw still in the guest kernel after the holder left: %+v", m)
 	}
-	k.wantKmsg(t, "kmm_fw: version v1 unloaded")
+	k.wantKmsg(t, "kmm_fw: version v1.1 unloaded")
 	if n, seen := k.events(t, modFirmware, string(contract.ReasonBusy)); n != 1 {
 		t.Errorf("%d Busy Events on Module %s, want one: %v", n, modFirmware, seen)
 	}
@@ -674,4 +676,105 @@ func (k *kernelEnv) waitKernelVersion(t *testing.T, module, version string) {
 		m := k.kernelState(t).Modules[module]
 		return m.Loaded && m.State == "Live" && m.Version == version, fmt.Sprintf("%s in the guest kernel: %+v, want version %s", module, m, version)
 	})
+}
+
+func testReboot(t *testing.T, k *kernelEnv) {
+	ctx := context.Background()
+	before := k.kernelState(t)
+	mark := k.pods.mark()
+	start := time.Now()
+	if err := k.g.Reboot(ctx, k.cloud); err != nil {
+		t.Fatal(err)
+	}
+	tm.add("5 reboot: reboot(2) in the guest → the node registered the new boot", start)
+	k.waitKernelVersion(t, "kmm_e2e", "v2")
+	st := k.waitState(t, modMain, kmmv1beta1.StateLoaded, "v2")
+	tm.add("5 reboot: reboot(2) → kmm_e2e loaded again in the new boot, Loaded", start)
+	s := k.kernelState(t)
+	if s.BootID == before.BootID || st.BootID != s.BootID {
+		t.Errorf("boot IDs: before %s, the guest's now %s, the status records %s", before.BootID, s.BootID, st.BootID)
+	}
+	if m := s.Modules[e2e.InTreeModule]; m.Loaded {
+		t.Errorf("the in-tree %s, loaded again at boot, was not removed before the reload: %+v", e2e.InTreeModule, m)
+	}
+	k.wantKmsg(t, "kmm_e2e: version v2 loaded")
+	k.waitDevicePlugin(t, modMain, "v2")
+	k.checkNoWorkerWhileNotReady(t, mark)
+}
+
+// checkNoWorkerWhileNotReady checks that every worker pod created since mark was created once the
+// guest node was Ready again (its Ready condition's last transition, as the API server records
+// both with a resolution of one second).
+func (k *kernelEnv) checkNoWorkerWhileNotReady(t *testing.T, mark int) {
+	t.Helper()
+	n, err := k.cs.CoreV1().Nodes().Get(context.Background(), k.g.Name(), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ready metav1.Time
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			ready = c.LastTransitionTime
+		}
+	}
+	created := 0
+	for _, e := range k.pods.since(mark) {
+		if e.typ != "ADDED" || e.pod.Labels[contract.LabelWorker] != "true" {
+			continue
+		}
+		created++
+		if e.pod.CreationTimestamp.Before(&ready) {
+			t.Errorf("worker pod %s created at %s, before the node was Ready again at %s", e.pod.Name, e.pod.CreationTimestamp, ready)
+		}
+	}
+	t.Logf("%d worker pods created after the boot; the node's Ready condition last changed at %s", created, ready)
+}
+
+func testKernelUpgrade(t *testing.T, k *kernelEnv) {
+	ctx := context.Background()
+	start := time.Now()
+	if err := k.cl.Create(ctx, k.module(modCloudOnly, "", "v1")); err != nil {
+		t.Fatal(err)
+	}
+	k.waitKernelVersion(t, "kmm_co", "v1")
+	tm.add("6 a Module mapped for the cloud kernel only → kmm_co loaded", start)
+	mark := k.pods.mark()
+	start = time.Now()
+	if err := k.g.Reboot(ctx, k.generic); err != nil {
+		t.Fatal(err)
+	}
+	tm.add("6 kernel upgrade: reboot into "+k.generic.Release+" → the node registered it", start)
+	k.waitKernelVersion(t, "kmm_e2e", "v2")
+	st := k.waitState(t, modMain, kmmv1beta1.StateLoaded, "v2")
+	tm.add("6 kernel upgrade: reboot → kmm_e2e of the generic kernel's mapping loaded, Loaded", start)
+	s := k.kernelState(t)
+	if s.Release != k.generic.Release {
+		t.Fatalf("the guest runs %s, want %s", s.Release, k.generic.Release)
+	}
+	if !strings.Contains(st.Config.ContainerImage, k.generic.Release) {
+		t.Errorf("the status records image %s, want the build for %s", st.Config.ContainerImage, k.generic.Release)
+	}
+	k.wantKmsg(t, "kmm_e2e: version v2 loaded")
+	// The Module without a mapping for this kernel: nothing loaded, no worker pod, and it says so.
+	poll.Until(t, kernelWait, 500*time.Millisecond, func() (bool, string) {
+		m := &kmmv1beta1.Module{}
+		if err := k.cl.Get(ctx, client.ObjectKey{Namespace: kernelNamespace, Name: modCloudOnly}, m); err != nil {
+			return false, err.Error()
+		}
+		for _, c := range m.Status.Conditions {
+			if c.Type == kmmv1beta1.ConditionDegraded && c.Status == metav1.ConditionTrue && c.Reason == kmmv1beta1.ReasonNoKernelMapping && strings.Contains(c.Message, k.g.Name()) {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("Module %s conditions %+v, want Degraded NoKernelMapping naming %s", modCloudOnly, m.Status.Conditions, k.g.Name())
+	})
+	if m := k.kernelState(t).Modules["kmm_co"]; m.Loaded || m.SysModule {
+		t.Errorf("kmm_co in the guest kernel %s, which no mapping of its Module matches: %+v", k.generic.Release, m)
+	}
+	for _, e := range k.pods.since(mark) {
+		if isWorker(e.pod, modCloudOnly) {
+			t.Errorf("a worker pod for %s after the upgrade: %s %s", modCloudOnly, e.pod.Name, e.pod.Labels[contract.LabelAction])
+		}
+	}
+	k.checkNoWorkerWhileNotReady(t, mark)
 }
