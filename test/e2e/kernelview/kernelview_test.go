@@ -28,7 +28,7 @@ func TestParseProcModules(t *testing.T) {
 func TestKmsgText(t *testing.T) {
 	for in, want := range map[string]string{
 		"6,1234,5678901,-;kmm_e2e: version v1 loaded\n": "kmm_e2e: version v1 loaded",
-		"3,1,0,c;a;b": "a;b",
+		"3,1,0,c;a;b":     "a;b",
 		" SUBSYSTEM=misc": "",
 		"no separator":    "",
 	} {
