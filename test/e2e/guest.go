@@ -103,7 +103,7 @@ func (c *Cluster) StartGuest(ctx context.Context, opts GuestOptions) (*Guest, er
 	if g.initrd, err = g.buildInitramfs(opts.Kernels); err != nil {
 		return nil, fmt.Errorf("building the guest's initramfs: %w", err)
 	}
-	c.closers = append(c.closers, g)
+	c.guests = append(c.guests, g)
 	return g, g.Boot(ctx, opts.Kernels[0])
 }
 
