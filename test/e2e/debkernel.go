@@ -123,7 +123,7 @@ func fetchKernelInto(dir, pkg string) error {
 	}
 	// The headers' Makefile includes the common headers by absolute path: point it here.
 	mk := filepath.Join(root, "usr", "src", headers, "Makefile")
-	data, err := os.ReadFile(mk) //nolint:gosec // G304: the file we just extracted
+	data, err := os.ReadFile(mk)
 	if err != nil {
 		return err
 	}
@@ -235,17 +235,21 @@ func extractTar(tr *tar.Reader, root string, want func(string) bool) error {
 			continue
 		}
 		dest := filepath.Join(root, filepath.FromSlash(name))
-		if err := os.MkdirAll(filepath.Dir(dest), 0o755); err != nil {
+		if err := os.MkdirAll(filepath.Dir(dest), 0o750); err != nil {
 			return err
 		}
 		switch hdr.Typeflag {
 		case tar.TypeDir:
-			err = os.MkdirAll(dest, 0o755)
+			err = os.MkdirAll(dest, 0o750)
 		case tar.TypeSymlink:
 			_ = os.Remove(dest)
 			err = os.Symlink(hdr.Linkname, dest)
 		case tar.TypeReg:
-			err = writeFrom(dest, tr, os.FileMode(hdr.Mode)&0o777)
+			mode := os.FileMode(0o644)
+			if hdr.Mode&0o111 != 0 {
+				mode = 0o755
+			}
+			err = writeFrom(dest, tr, mode)
 		}
 		if err != nil {
 			return err
@@ -254,7 +258,7 @@ func extractTar(tr *tar.Reader, root string, want func(string) bool) error {
 }
 
 func writeFrom(dest string, r io.Reader, mode os.FileMode) error {
-	f, err := os.OpenFile(dest, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, mode|0o600) //nolint:gosec // G304: below our root
+	f, err := os.OpenFile(dest, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, mode|0o600)
 	if err != nil {
 		return err
 	}
@@ -299,7 +303,7 @@ func BuildKmod(k *DebianKernel, s KmodSpec) ([]byte, error) {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("building %s for %s: %w: %s", s.Name, k.Release, err, out)
 	}
-	return os.ReadFile(filepath.Join(dir, s.Name+".ko")) //nolint:gosec // G304: our build's output
+	return os.ReadFile(filepath.Join(dir, s.Name+".ko"))
 }
 
 // KmodImage is a FROM-scratch kmod image for the kernel release: the modules under

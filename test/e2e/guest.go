@@ -206,7 +206,8 @@ func (g *Guest) waitExit(timeout time.Duration) error {
 		return nil
 	}
 	select {
-	case <-exited:
+	case werr := <-exited:
+		_ = werr // a powered-off guest: qemu's status says nothing more
 	case <-time.After(timeout):
 		return fmt.Errorf("qemu still running %s after the guest was asked to reboot", timeout)
 	}
@@ -228,10 +229,12 @@ func (g *Guest) Close() error {
 	g.saveLogs()
 	_ = g.post(kernelview.PathPowerOff)
 	select {
-	case <-exited:
+	case werr := <-exited:
+		_ = werr // powered off
 	case <-time.After(20 * time.Second):
 		_ = cmd.Process.Kill()
-		<-exited
+		werr := <-exited
+		_ = werr // killed by us
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -335,14 +338,14 @@ func (g *Guest) buildInitramfs(kernels []*DebianKernel) (string, error) {
 	_ = os.RemoveAll(root)
 	put := func(p string, data []byte, mode os.FileMode) error {
 		dst := filepath.Join(root, p)
-		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		if err := os.MkdirAll(filepath.Dir(dst), 0o750); err != nil {
 			return err
 		}
 		return os.WriteFile(dst, data, mode)
 	}
 	link := func(target, p string) error {
 		dst := filepath.Join(root, p)
-		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		if err := os.MkdirAll(filepath.Dir(dst), 0o750); err != nil {
 			return err
 		}
 		return os.Symlink(target, dst)
@@ -357,45 +360,11 @@ func (g *Guest) buildInitramfs(kernels []*DebianKernel) (string, error) {
 	if err := copyInto(initBin, filepath.Join(root, "init")); err != nil {
 		return "", err
 	}
-	// busybox-static, from its Debian package.
-	bbDir := filepath.Join(g.dir, "busybox")
-	debs, err := aptDownload(g.dir, "busybox-static")
-	if err != nil {
+	if err := g.stageBusybox(root, link); err != nil {
 		return "", err
 	}
-	if err := extractDeb(debs[0], bbDir, func(n string) bool { return n == "/bin/busybox" }); err != nil {
+	if err := g.stageBinaries(root, link); err != nil {
 		return "", err
-	}
-	if err := copyInto(filepath.Join(bbDir, "bin", "busybox"), filepath.Join(root, "bin", "busybox")); err != nil {
-		return "", err
-	}
-	for _, a := range busyboxApplets {
-		if err := link("busybox", "/bin/"+a); err != nil {
-			return "", err
-		}
-	}
-	libs := map[string]bool{}
-	for dst, src := range g.guestBinaries() {
-		if err := copyInto(src, filepath.Join(root, dst)); err != nil {
-			return "", err
-		}
-		l, err := sharedLibraries(src)
-		if err != nil {
-			return "", err
-		}
-		for _, lib := range l {
-			libs[lib] = true
-		}
-	}
-	for lib := range libs {
-		if err := copyInto(lib, filepath.Join(root, lib)); err != nil {
-			return "", err
-		}
-	}
-	for _, tool := range []string{"modprobe", "depmod", "insmod", "rmmod", "lsmod", "modinfo"} {
-		if err := link("../bin/kmod", "/usr/sbin/"+tool); err != nil {
-			return "", err
-		}
 	}
 	// The kernels' module trees, with depmod's output.
 	for _, k := range kernels {
@@ -417,12 +386,62 @@ func (g *Guest) buildInitramfs(kernels []*DebianKernel) (string, error) {
 		}
 	}
 	for _, d := range []string{"proc", "sys", "dev", "run", "tmp", "var/lib", "var/log", "root"} {
-		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o750); err != nil {
 			return "", err
 		}
 	}
 	file := filepath.Join(g.dir, "initramfs.cpio")
 	return file, writeCpio(root, file)
+}
+
+// stageBusybox extracts busybox-static from its Debian package into root with busyboxApplets.
+func (g *Guest) stageBusybox(root string, link func(target, p string) error) error {
+	// busybox-static, from its Debian package.
+	bbDir := filepath.Join(g.dir, "busybox")
+	debs, err := aptDownload(g.dir, "busybox-static")
+	if err != nil {
+		return err
+	}
+	if err := extractDeb(debs[0], bbDir, func(n string) bool { return n == "/bin/busybox" }); err != nil {
+		return err
+	}
+	if err := copyInto(filepath.Join(bbDir, "bin", "busybox"), filepath.Join(root, "bin", "busybox")); err != nil {
+		return err
+	}
+	for _, a := range busyboxApplets {
+		if err := link("busybox", "/bin/"+a); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// stageBinaries copies guestBinaries and the libraries they need into root, and links kmod's tools.
+func (g *Guest) stageBinaries(root string, link func(target, p string) error) error {
+	libs := map[string]bool{}
+	for dst, src := range g.guestBinaries() {
+		if err := copyInto(src, filepath.Join(root, dst)); err != nil {
+			return err
+		}
+		l, err := sharedLibraries(src)
+		if err != nil {
+			return err
+		}
+		for _, lib := range l {
+			libs[lib] = true
+		}
+	}
+	for lib := range libs {
+		if err := copyInto(lib, filepath.Join(root, lib)); err != nil {
+			return err
+		}
+	}
+	for _, tool := range []string{"modprobe", "depmod", "insmod", "rmmod", "lsmod", "modinfo"} {
+		if err := link("../bin/kmod", "/usr/sbin/"+tool); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // lddPath matches the absolute paths in ldd's output.
@@ -452,11 +471,11 @@ func copyInto(src, dst string) error {
 	if err != nil {
 		return err
 	}
-	data, err := os.ReadFile(src) //nolint:gosec // G304: host binaries and our files
+	data, err := os.ReadFile(src)
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Dir(dst), 0o750); err != nil {
 		return err
 	}
 	return os.WriteFile(dst, data, st.Mode().Perm())
@@ -473,7 +492,7 @@ func copyTree(src, dst string) error {
 		}
 		switch {
 		case d.IsDir():
-			return os.MkdirAll(filepath.Join(dst, rel), 0o755)
+			return os.MkdirAll(filepath.Join(dst, rel), 0o750)
 		case d.Type()&fs.ModeSymlink != 0: // the headers' build link: not the guest's
 			return nil
 		}

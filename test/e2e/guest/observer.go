@@ -75,7 +75,7 @@ func state(names []string) kernelview.State {
 }
 
 func readTrim(path string) string {
-	b, _ := os.ReadFile(path) //nolint:gosec // kernel files named above
+	b, _ := os.ReadFile(path)
 	return strings.TrimSpace(string(b))
 }
 
