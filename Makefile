@@ -113,6 +113,14 @@ e2e: $(CONTROL_PLANE) $(BIN)/kubelet $(KUSTOMIZE) ## Run kmm from its own images
 	go build -o $(BIN)/e2e-cleanup ./test/e2e/cleanup
 	trap '$(BIN)/e2e-cleanup $(E2E_DIR)' EXIT; go test -tags e2e -count=1 -timeout 15m -v -run '$(E2E_RUN)' ./test/e2e/
 
+# The qemu guest joined as a second node: real modules loaded by kmm's worker pods into a Debian
+# kernel (docs/e2e.md). A separate run (its own cluster): kmm is installed without dry-run there.
+.PHONY: e2e-kernel
+e2e-kernel: $(CONTROL_PLANE) $(BIN)/kubelet $(KUSTOMIZE) ## Join a qemu guest (Debian kernel, TCG) as a second real node and have kmm's worker pods load real modules into it (test/e2e TestKernel, as root; docs/e2e.md).
+	@test/scripts/ensure-packages.sh $(E2E_PACKAGES) $(VM_TEST_PACKAGES) make
+	go build -o $(BIN)/e2e-cleanup ./test/e2e/cleanup
+	trap '$(BIN)/e2e-cleanup $(E2E_DIR)' EXIT; go test -tags e2e,e2ekernel -count=1 -timeout 30m -v -run '^TestKernel$$' ./test/e2e/
+
 # Depth of `make explore`: every interleaving of the fsm model's actions up to DEPTH steps from each
 # starting world (docs/evidence.md gives the states and the time per depth).
 DEPTH ?= 4

@@ -29,6 +29,12 @@ const (
 	SandboxMountPath = "/var/lib/kmm/sandbox"
 	// bootIDPath is the kernel's boot ID, as the kubelet reports it in node.status.nodeInfo.bootID.
 	bootIDPath = "/proc/sys/kernel/random/boot_id"
+	// FirmwareClassParameters holds the firmware class path the worker writes. A privileged
+	// container on the pod network gets /sys read-only from containerd (1.6 and 1.7: the sysfs of
+	// another network namespace cannot be mounted read-write; measured on the e2e-kernel guest,
+	// "open /sys/module/firmware_class/parameters/path: read-only file system"), so the worker pod
+	// mounts this directory from the host, read-write, where the worker writes it.
+	FirmwareClassParameters = "/sys/module/firmware_class/parameters"
 )
 
 // WorkerPodOptions are the operator's settings of every worker pod.
@@ -118,9 +124,9 @@ func WorkerPod(node string, o WorkerPodOptions, in *fsm.WorkerIntent) (*corev1.P
 				TerminationMessagePolicy: corev1.TerminationMessageReadFile,
 				SecurityContext:          workerSecurityContext(firmware),
 				Resources:                workerResources,
-				VolumeMounts:             append(workerMounts(e, firmware, o.DryRunSandbox != "", o.firmwareHostPath()), o.Registry.mounts(o.ServiceAccountPullSecrets)...),
+				VolumeMounts:             append(workerMounts(e, firmware, o.DryRunSandbox != "", o.firmwareHostPath(), cfg.SetFirmwareClassPath), o.Registry.mounts(o.ServiceAccountPullSecrets)...),
 			}},
-			Volumes: append(workerVolumes(e, firmware, o.DryRunSandbox, o.firmwareHostPath()), o.Registry.volumes(o.ServiceAccountPullSecrets)...),
+			Volumes: append(workerVolumes(e, firmware, o.DryRunSandbox, o.firmwareHostPath(), cfg.SetFirmwareClassPath), o.Registry.volumes(o.ServiceAccountPullSecrets)...),
 		},
 	}
 	return pod, nil
@@ -169,7 +175,7 @@ func workerLabels(node string, e *kmmv1beta1.NodeModuleSpec, action contract.Act
 	}
 }
 
-func workerMounts(e *kmmv1beta1.NodeModuleSpec, firmware, sandbox bool, firmwareDir string) []corev1.VolumeMount {
+func workerMounts(e *kmmv1beta1.NodeModuleSpec, firmware, sandbox bool, firmwareDir string, classPath bool) []corev1.VolumeMount {
 	m := []corev1.VolumeMount{
 		{Name: "config", MountPath: path.Dir(contract.ConfigFile), ReadOnly: true},
 		{Name: "cache", MountPath: CacheHostPath},
@@ -189,11 +195,14 @@ func workerMounts(e *kmmv1beta1.NodeModuleSpec, firmware, sandbox bool, firmware
 			corev1.VolumeMount{Name: "boot-id", MountPath: path.Join(SandboxMountPath, bootIDPath), ReadOnly: true})
 	case firmware:
 		m = append(m, corev1.VolumeMount{Name: "firmware", MountPath: firmwareDir})
+		if classPath {
+			m = append(m, corev1.VolumeMount{Name: "firmware-class", MountPath: FirmwareClassParameters})
+		}
 	}
 	return m
 }
 
-func workerVolumes(e *kmmv1beta1.NodeModuleSpec, firmware bool, sandbox, firmwareDir string) []corev1.Volume {
+func workerVolumes(e *kmmv1beta1.NodeModuleSpec, firmware bool, sandbox, firmwareDir string, classPath bool) []corev1.Volume {
 	dirOrCreate := corev1.HostPathDirectoryOrCreate
 	// hostDir is a host directory of the node, or of the sandbox standing for it.
 	hostDir := func(p string) string { return path.Join(sandbox, p) }
@@ -222,6 +231,10 @@ func workerVolumes(e *kmmv1beta1.NodeModuleSpec, firmware bool, sandbox, firmwar
 			corev1.Volume{Name: "boot-id", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: bootIDPath, Type: &file}}})
 	case firmware:
 		v = append(v, corev1.Volume{Name: "firmware", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: firmwareDir, Type: &dirOrCreate}}})
+		if classPath {
+			dir := corev1.HostPathDirectory
+			v = append(v, corev1.Volume{Name: "firmware-class", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: FirmwareClassParameters, Type: &dir}}})
+		}
 	}
 	return v
 }

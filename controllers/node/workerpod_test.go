@@ -101,6 +101,33 @@ func TestWorkerPodIsPrivilegedOnlyForFirmware(t *testing.T) {
 	if !cfg.SetFirmwareClassPath || cfg.FirmwareHostPath != FirmwareHostPath {
 		t.Fatalf("config %+v", cfg)
 	}
+	// containerd gives a privileged container on the pod network a read-only /sys: the firmware
+	// class parameters come from the host, read-write, at their own path (make e2e-kernel found it).
+	if !mountsHostDir(pod, FirmwareClassParameters, false) {
+		t.Errorf("the firmware pod does not mount %s read-write from the host: %v %v", FirmwareClassParameters, pod.Spec.Containers[0].VolumeMounts, pod.Spec.Volumes)
+	}
+	pod, err = WorkerPod("n", WorkerPodOptions{Image: "img", LeaveFirmwareClassPath: true}, intent("/firmware", false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mountsHostDir(pod, FirmwareClassParameters, false) {
+		t.Errorf("the class path is left alone, yet the pod mounts %s", FirmwareClassParameters)
+	}
+}
+
+// mountsHostDir says whether the pod's worker container mounts the host directory at the same path.
+func mountsHostDir(pod *corev1.Pod, dir string, readOnly bool) bool {
+	for _, m := range pod.Spec.Containers[0].VolumeMounts {
+		if m.MountPath != dir || m.ReadOnly != readOnly {
+			continue
+		}
+		for _, v := range pod.Spec.Volumes {
+			if v.Name == m.Name && v.HostPath != nil && v.HostPath.Path == dir {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // TestWorkerPodDryRunSandbox checks the pod of --worker-dry-run-sandbox: the same pod but for the

@@ -51,6 +51,9 @@ type Cluster struct {
 
 	containerd, kubelet, kcm, scheduler *process
 	closers                             []io.Closer
+	// guests are stopped first: a guest kubelet's watches keep kube-apiserver from stopping
+	// within its grace period.
+	guests []io.Closer
 
 	before  map[string]string // the host before Start
 	stopped bool
@@ -170,8 +173,12 @@ func (c *Cluster) Stop() error {
 		return nil
 	}
 	c.stopped = true
-	errs := []error{c.kubelet.stop(15 * time.Second), killPods(), c.containerd.stop(15 * time.Second),
-		c.scheduler.stop(10 * time.Second), c.kcm.stop(10 * time.Second)}
+	var errs []error
+	for _, g := range c.guests {
+		errs = append(errs, g.Close())
+	}
+	errs = append(errs, c.kubelet.stop(15*time.Second), killPods(), c.containerd.stop(15*time.Second),
+		c.scheduler.stop(10*time.Second), c.kcm.stop(10*time.Second))
 	if c.env != nil && c.config != nil {
 		errs = append(errs, c.env.Stop())
 	}

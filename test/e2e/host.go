@@ -46,7 +46,7 @@ var hostPaths = []string{
 // daemonBinaries are the executables Cleanup may stop: only processes running one of them whose
 // command line names the test folder (every daemon of the cluster takes a path inside it, and every
 // runc shim the address of the cluster's containerd socket).
-var daemonBinaries = []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "containerd", "containerd-shim-runc-v2"}
+var daemonBinaries = []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "containerd", "containerd-shim-runc-v2", "qemu-system-x86_64"}
 
 // record is what Start saw before changing the host, written to record.json in the test folder.
 type record struct {

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -239,20 +240,27 @@ func (k *kmmEnv) buildKmodImages() error {
 // install renders test/e2e/overlay with the values of this run on top (the images, the API
 // server's port, the sandbox folder) and applies it as `make deploy` does (test/install).
 func (k *kmmEnv) install(t *testing.T) {
+	installKMM(t, k.c, k.cl, "overlay", k.managerRef, k.workerRef, map[string]string{
+		"KMM_E2E_SANDBOX": k.sandbox, "KMM_E2E_CONTAINERD_CONFIG_PATH": k.c.ContainerdConfigPath(),
+	})
+}
+
+// installKMM renders the overlay test/e2e/<overlay> with the images, the API server's port and
+// env on top, and applies it as `make deploy` does (test/install); install.log is its output.
+func installKMM(t *testing.T, c *e2e.Cluster, cl client.Client, overlay, managerRef, workerRef string, env map[string]string) {
 	ctx := context.Background()
 	kustomize, err := install.Kustomize(shared.root)
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir, err := install.Overlay(ctx, kustomize, filepath.Join(shared.root, "test", "e2e", "overlay"), t.TempDir(),
-		[]string{"kmm-manager=" + k.managerRef, "kmm-worker=" + k.workerRef})
+	dir, err := install.Overlay(ctx, kustomize, filepath.Join(shared.root, "test", "e2e", overlay), t.TempDir(),
+		[]string{"kmm-manager=" + managerRef, "kmm-worker=" + workerRef})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var port string
-	for _, e := range k.c.HostNetworkEnv() {
+	for _, e := range c.HostNetworkEnv() {
 		if e.Name == "KUBERNETES_SERVICE_PORT" {
-			port = e.Value
+			env[e.Name] = e.Value
 		}
 	}
 	patch := fmt.Sprintf(`apiVersion: apps/v1
@@ -266,13 +274,10 @@ spec:
       containers:
         - name: manager
           env:
-            - name: KUBERNETES_SERVICE_PORT
-              value: %q
-            - name: KMM_E2E_SANDBOX
-              value: %q
-            - name: KMM_E2E_CONTAINERD_CONFIG_PATH
-              value: %q
-`, operatorNamespace, port, k.sandbox, k.c.ContainerdConfigPath())
+`, operatorNamespace)
+	for _, name := range slices.Sorted(maps.Keys(env)) {
+		patch += fmt.Sprintf("            - name: %s\n              value: %q\n", name, env[name])
+	}
 	if err := os.WriteFile(filepath.Join(dir, "run.yaml"), []byte(patch), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -288,12 +293,12 @@ spec:
 	if err != nil {
 		t.Fatal(err)
 	}
-	log, err := os.Create(filepath.Join(k.c.LogDir(), "install.log"))
+	log, err := os.Create(filepath.Join(c.LogDir(), "install.log"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = log.Close() }()
-	if err := install.Apply(ctx, k.cl, objs, false, log); err != nil {
+	if err := install.Apply(ctx, cl, objs, false, log); err != nil {
 		t.Fatal(err)
 	}
 }
