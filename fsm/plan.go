@@ -61,6 +61,8 @@ func planWorker(f *Facts, p *Plan, action contract.Action) {
 		p.Waiting = "loaded config is not for the node's kernel " + f.Node.KernelVersion
 	case action != contract.ActionLoad && f.DevicePluginRunning:
 		p.Waiting = "device plugin pod still on the node"
+	case action != contract.ActionLoad && len(f.Claims) > 0:
+		p.Waiting = claimsMessage(f.Claims)
 	case action == contract.ActionLoad && f.specProblem() != nil:
 		p.Waiting = "the spec entry's config is invalid"
 	default:
