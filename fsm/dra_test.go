@@ -5,6 +5,9 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/contract"
 )
@@ -142,5 +145,38 @@ func TestDRAReadyLabel(t *testing.T) {
 		Pairs: []LabelPair{{Key: "ns/m", Result: &r}}})
 	if len(got.Remove) != 1 || got.Remove[0] != key {
 		t.Fatalf("remove %v: want %s once the driver is not Ready", got.Remove, key)
+	}
+}
+
+// TestClaimHoldsNode: which allocated ResourceClaims hold a node back.
+func TestClaimHoldsNode(t *testing.T) {
+	claim := func(driver string, sel *corev1.NodeSelector) *resourcev1.ResourceClaim {
+		c := &resourcev1.ResourceClaim{}
+		c.Status.Allocation = &resourcev1.AllocationResult{NodeSelector: sel,
+			Devices: resourcev1.DeviceAllocationResult{Results: []resourcev1.DeviceRequestAllocationResult{{Request: "r", Driver: driver, Pool: "p", Device: "d"}}}}
+		return c
+	}
+	byName := func(op corev1.NodeSelectorOperator, names ...string) *corev1.NodeSelector {
+		return &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: op, Values: names}}}}}
+	}
+	byLabel := &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "rack", Operator: corev1.NodeSelectorOpIn, Values: []string{"r1"}}}}}}
+	labels := map[string]string{"rack": "r1"}
+	cases := []struct {
+		name string
+		c    *resourcev1.ResourceClaim
+		want bool
+	}{
+		{"allocated on the node with the driver", claim("gpu.example.com", byName(corev1.NodeSelectorOpIn, "n1")), true},
+		{"another node", claim("gpu.example.com", byName(corev1.NodeSelectorOpIn, "n2")), false},
+		{"another driver", claim("nic.example.com", byName(corev1.NodeSelectorOpIn, "n1")), false},
+		{"by node label", claim("gpu.example.com", byLabel), true},
+		{"NotIn another node", claim("gpu.example.com", byName(corev1.NodeSelectorOpNotIn, "n2")), true},
+		{"not node-local", claim("gpu.example.com", nil), false},
+		{"not allocated", &resourcev1.ResourceClaim{}, false},
+	}
+	for _, tc := range cases {
+		if got := ClaimHoldsNode(tc.c, "gpu.example.com", "n1", labels); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }

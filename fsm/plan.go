@@ -35,6 +35,9 @@ func plan(f *Facts) Plan {
 			p.Waiting = "waiting for the " + string(f.Worker.Action) + " worker pod of an earlier state to finish"
 		}
 	}
+	if len(f.Claims) > 0 && (p.RequeueAfter == 0 || p.RequeueAfter > ClaimsPoll) {
+		p.RequeueAfter = ClaimsPoll // ResourceClaims are not watched
+	}
 	if f.workerOverdue() {
 		p.DeleteWorker = true // past the worker timeout: it holds the pair's pod name
 	} else if f.Worker.Phase == PodRunning && !f.Worker.Created.IsZero() && p.RequeueAfter == 0 {
