@@ -20,7 +20,8 @@ type Observed struct {
 	Loaded bool
 	// DRA says the Module runs a DRA driver (its pod counts in DevicePluginPodOnNode): the driver
 	// leaves when the NMC controller takes the ready label away, once no ResourceClaim of its
-	// devices is allocated on the node; the version label never takes it away first.
+	// devices is allocated on the node; the version label never takes it away first, and the
+	// worker-pod label goes without waiting for it (the NMC controller orders driver and unload).
 	DRA bool
 }
 
@@ -43,8 +44,9 @@ func NextLabels(l NodeLabels, o Observed) NodeLabels {
 		}
 	case l.DevicePlugin != "" && !(o.DRA && o.DevicePluginPodOnNode):
 		next.DevicePlugin = ""
-	case o.DevicePluginPodOnNode:
-		// wait for the device plugin pod to go
+	case o.DevicePluginPodOnNode && !o.DRA:
+		// wait for the device plugin pod to go (a DRA driver's goes after the spec entry: the
+		// NMC controller keeps it while claims hold the node, and unloads only once it left)
 	case l.WorkerPod != "":
 		next.WorkerPod = ""
 	case o.LoadedVersion == "":
