@@ -466,14 +466,19 @@ func (r *NMCReconciler) writeStatus(ctx context.Context, f *nodeFacts, d decisio
 func (r *NMCReconciler) execute(ctx context.Context, f *nodeFacts, d decision, log logr.Logger) error {
 	// A failed label patch does not hold back the rest: the pods and the drain go on, and the
 	// error requeues the node.
+	// The drains go before the labels: a DRA driver pod a drain evicts is gone through the
+	// Eviction API before its DaemonSet stops selecting the node (the DaemonSet controller would
+	// otherwise delete it first, without the disruption the eviction records).
 	var errs []error
+	for _, o := range d.outcomes {
+		errs = append(errs, r.executeDrain(ctx, f, o.key, o.result.Plan))
+	}
 	if err := r.patchLabels(ctx, f, d.labels); err != nil {
 		errs = append(errs, fmt.Errorf("labelling node %s: %w", f.node.Name, err))
 	}
 	setDrainGauge(f.node.Name, d.outcomes)
 	for _, o := range d.outcomes {
 		p := o.result.Plan
-		errs = append(errs, r.executeDrain(ctx, f, o.key, p))
 		if p.DeleteWorker && o.pod != nil && !r.expected().deleting(o.pod.UID, r.Clock.Now()) {
 			log.V(1).Info("Deleting finished worker pod", "module", o.key, "pod", o.pod.Name)
 			pre := client.Preconditions{UID: &o.pod.UID}
