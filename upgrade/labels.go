@@ -42,7 +42,7 @@ func NextLabels(l NodeLabels, o Observed) NodeLabels {
 		if o.Loaded && o.LoadedVersion == l.Target && l.DevicePlugin != l.Target {
 			next.DevicePlugin = l.Target
 		}
-	case l.DevicePlugin != "" && !(o.DRA && o.DevicePluginPodOnNode):
+	case l.DevicePlugin != "" && (!o.DRA || !o.DevicePluginPodOnNode):
 		next.DevicePlugin = ""
 	case o.DevicePluginPodOnNode && !o.DRA:
 		// wait for the device plugin pod to go (a DRA driver's goes after the spec entry: the

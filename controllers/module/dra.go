@@ -196,7 +196,7 @@ func (r *Reconciler) moduleDeviceClasses(ctx context.Context, m *kmmv1beta1.Modu
 	return out, nil
 }
 
-// ErrDeviceClassTaken: a DeviceClass of the name spec.dra.deviceClasses asks for exists and is not
+// ErrDeviceClassTaken says a DeviceClass of the name spec.dra.deviceClasses asks for exists and is not
 // the Module's.
 var ErrDeviceClassTaken = errors.New("exists and is not this Module's")
 

@@ -27,9 +27,7 @@ const (
 // it is draining or may start to (fsm.Facts.MayDrain), or unloading.
 func (r *NMCReconciler) claimFacts(ctx context.Context, f *nodeFacts, key string, facts *fsm.Facts) ([]string, error) {
 	driver := f.drivers[key]
-	st := facts.Status.State
-	if driver == "" || r.APIReader == nil ||
-		!(facts.MayDrain() || st == fsm.Unloading || st == fsm.UnloadBackOff || (st == fsm.Loading && facts.Status.Config != nil)) {
+	if driver == "" || r.APIReader == nil || !mayUnload(facts) {
 		return nil, nil
 	}
 	if f.claims == nil {
@@ -53,6 +51,13 @@ func (r *NMCReconciler) claimFacts(ctx context.Context, f *nodeFacts, key string
 		out = out[:fsm.MaxClaimsListed]
 	}
 	return out, nil
+}
+
+// mayUnload says whether the pair may unload in this step or soon: it may drain
+// (fsm.Facts.MayDrain), it unloads, or it loads with a config still recorded (a reload).
+func mayUnload(facts *fsm.Facts) bool {
+	st := facts.Status.State
+	return facts.MayDrain() || st == fsm.Unloading || st == fsm.UnloadBackOff || (st == fsm.Loading && facts.Status.Config != nil)
 }
 
 // readClaims lists every ResourceClaim, page by page, up to the bound; complete is false when more remain.
