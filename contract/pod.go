@@ -22,6 +22,10 @@ const (
 	// LabelDevicePlugin marks device plugin DaemonSets and pods ("true"); they also carry
 	// LabelModuleNamespace and LabelModuleName.
 	LabelDevicePlugin = "kmm.sigs.x-k8s.io/device-plugin"
+	// LabelDRA marks DRA driver DaemonSets and pods ("true"); they also carry LabelModuleNamespace
+	// and LabelModuleName. The node side counts a DRA driver pod as it counts a device plugin pod
+	// (it goes before an unload) and an upgrade drain evicts the draining Module's own.
+	LabelDRA = "kmm.sigs.x-k8s.io/dra-driver"
 	// LabelAction is the worker pod's Action: "load", "unload" or "reload".
 	LabelAction = "kmm.sigs.x-k8s.io/action"
 	// AnnotationConfig holds the worker Config as JSON; the downward API mounts it as ConfigFile.
@@ -45,8 +49,9 @@ const PodNodeNameField = "spec.nodeName"
 const DefaultTimeout = 4 * time.Minute
 
 // CreatedByKMM says whether an object with these labels is one kmm created: it carries
-// LabelManagedBy=ManagedBy. An upgrade drain spares such a pod whatever its podSelector selects,
-// so every pod kmm creates, of any kind, must carry the label.
+// LabelManagedBy=ManagedBy. An upgrade drain spares such a pod whatever its podSelector selects
+// (but the draining Module's own DRA driver pod, evicted last), so every pod kmm creates, of any
+// kind, must carry the label.
 func CreatedByKMM(labels map[string]string) bool {
 	return labels[LabelManagedBy] == ManagedBy
 }

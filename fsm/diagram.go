@@ -29,7 +29,10 @@ var StateDescriptions = map[State]string{
 		"on the node, or workloads that use it must be drained first (upgradePolicy.drain: the node is " +
 		"cordoned, pods are evicted honouring PodDisruptionBudgets, then escalated as seed 004's timeouts " +
 		"pass; the drain's start and strongest strategy are kept in status). The ready label is gone, so the " +
-		"DaemonSet removes the device plugin pod. No unload pod runs in this state. When everything is gone " +
+		"DaemonSet removes the device plugin pod. A Module with a DRA driver waits here while ResourceClaims " +
+		"allocated on the node with its driver's devices remain (ClaimsAllocated, said once): the ready label " +
+		"and the driver stay for the kubelet to unprepare them, and an upgrade drain evicts the driver pod " +
+		"last, once they are released. No unload pod runs in this state. When everything is gone " +
 		"the pair moves to Unloading; if the spec comes back to the loaded config and no upgrade is " +
 		"requested, back to Loaded.",
 	Unloading: "An unload worker pod is wanted for the loaded config. It is created only on a Ready, " +

@@ -40,6 +40,9 @@ type WorkloadPod struct {
 	Mirror bool
 	// DaemonSet: a DaemonSet controls the pod.
 	DaemonSet bool
+	// OwnDRADriver: the pod is the draining Module's own DRA driver pod on the node (a kmm pod and
+	// a DaemonSet's, yet never spared: it goes before the unload, evicted last).
+	OwnDRADriver bool
 }
 
 // Why a drain never touches a pod (WorkloadPod.Spared).
@@ -55,9 +58,13 @@ const (
 // loaded module's devices away, and neither is a workload of the module drained), the mirror of a
 // static pod (the kubelet runs it from a file; evicting the mirror stops nothing) and a DaemonSet's
 // pod (it tolerates the cordon and would come straight back: seed 004's predicate, any pod but a
-// DaemonSet's, as kubectl drain --ignore-daemonsets). A spared pod never holds the drain back.
+// DaemonSet's, as kubectl drain --ignore-daemonsets). A spared pod never holds the drain back. The
+// draining Module's own DRA driver pod is none of these: the drain evicts it, last (planDrain), as
+// its DaemonSet stops selecting the node at the same time.
 func (w WorkloadPod) Spared() string {
 	switch {
+	case w.OwnDRADriver:
+		return ""
 	case w.CreatedByKMM:
 		return SparedKMM
 	case w.Mirror:
@@ -153,8 +160,22 @@ func planDrain(f *Facts) *DrainPlan {
 	forceAfter := time.Duration(pol.ExpectedDrainSeconds+pol.PDBForceDrainTimeoutSeconds) * time.Second
 	p := &DrainPlan{Cordon: !f.Drain.NodeCordoned, Strategy: StrategyEvict}
 	esc := escalation{on: !pol.DisableDrainStrategies, deleteDue: elapsed >= deleteAfter, forceDue: elapsed >= forceAfter}
+	var drivers []WorkloadPod
+	others := 0
 	for _, w := range f.remainingWorkloads() {
+		if w.OwnDRADriver {
+			drivers = append(drivers, w)
+			continue
+		}
+		others++
 		esc.place(p, w)
+	}
+	// The DRA driver unprepares the claims of the pods drained: it goes only once they are gone
+	// and no claim of its devices is allocated on the node (upstream KMM's issue 1332).
+	if others == 0 && len(f.Claims) == 0 {
+		for _, w := range drivers {
+			esc.place(p, w)
+		}
 	}
 	allRun := pol.DisableDrainStrategies || esc.forceDue
 	p.TimedOut = allRun && elapsed >= max(deleteAfter, forceAfter) && len(f.remainingWorkloads()) > 0

@@ -27,9 +27,15 @@ type Facts struct {
 	Worker Worker
 	// DevicePluginRunning says whether a device plugin pod of the module exists on the node.
 	DevicePluginRunning bool
-	// DevicePluginConfigured says whether the Module has a device plugin (its DaemonSet selects
-	// nodes by the ready label); a reload then takes the ready label off like an unload.
+	// DevicePluginConfigured says whether the Module has a device plugin or a DRA driver (its
+	// DaemonSet selects nodes by the ready label); a reload then takes the ready label off like an
+	// unload. A DRA driver pod counts in DevicePluginRunning as a device plugin pod does.
 	DevicePluginConfigured bool
+	// Claims are the ResourceClaims ("<namespace>/<name>", sorted, at most MaxClaimsListed)
+	// allocated on the node with devices of the Module's DRA driver; nil for a Module without
+	// spec.dra. While there is one, the module is not unloaded and its driver stays (the kubelet
+	// needs it to unprepare the claims).
+	Claims []string
 	// BackOff is the retry policy after worker failures.
 	BackOff BackOff
 	// Drain is the upgrade drain of the workloads that use the module.
@@ -62,6 +68,10 @@ type CreateRefusal struct {
 	Reason  string
 	Message string
 }
+
+// MaxClaimsListed bounds Facts.Claims: the reconciler keeps the first names, sorted, and a
+// longer list says only that there are more.
+const MaxClaimsListed = 8
 
 // DefaultWorkerTimeout bounds a worker pod's life: the worker gives up after its own deadline (4
 // minutes), the pod's activeDeadlineSeconds stops it a minute later, and this catches pods that
@@ -224,7 +234,7 @@ func (f *Facts) reloadable() bool {
 		return false
 	}
 	return s.Config.Version == "" && st.Config.Version == "" && !f.upgradeRequested() &&
-		!f.DevicePluginRunning && len(f.remainingWorkloads()) == 0 && f.specProblem() == nil &&
+		!f.DevicePluginRunning && len(f.remainingWorkloads()) == 0 && len(f.Claims) == 0 && f.specProblem() == nil &&
 		s.ServiceAccountName == st.ServiceAccountName && semantic.Equal(s.ImageRepoSecret, st.ImageRepoSecret) &&
 		sameTolerations(s.Tolerations, st.Tolerations)
 }

@@ -8,8 +8,8 @@ import (
 )
 
 // The node labels kmm writes for its pairs (docs/api.md#labels): the ready label, the version.ready
-// label and the device-plugin-ready label (kmmv1beta1.StateLabels). Step decides the first two per
-// pair (Plan.Ready, Plan.VersionReady: readyLabels); NodeLabels decides all three for the node,
+// label, the device-plugin-ready and dra-ready labels (kmmv1beta1.StateLabels). Step decides the
+// first two per pair (Plan.Ready, Plan.VersionReady: readyLabels); NodeLabels decides all for the node,
 // with what only the node knows: which Modules exist, which device plugin pods are Ready, and which
 // pairs are records upstream KMM left. The reconciler writes the difference to the node.
 
@@ -19,6 +19,11 @@ import (
 func readyLabels(f *Facts) (bool, string) {
 	if f.state() == Loaded {
 		return true, f.loadedVersion()
+	}
+	if f.state() == DevicePluginDraining && len(f.Claims) > 0 && f.statusKernelMatches() {
+		// The DRA driver's DaemonSet selects the ready label: the driver stays while claims it
+		// prepared are allocated, for the kubelet to unprepare them (upstream KMM's issue 1332).
+		return true, ""
 	}
 	return f.state() == Loading && f.reloadable() && !f.DevicePluginConfigured, ""
 }
@@ -43,6 +48,8 @@ type LabelPair struct {
 	DevicePluginRunning bool
 	// DevicePluginReady says one of kmm's device plugin pods of the Module on the node is Ready.
 	DevicePluginReady bool
+	// DRAReady says one of kmm's DRA driver pods of the Module on the node is Ready.
+	DRAReady bool
 }
 
 // NodeLabelSet is the node-label decision: the labels the node should carry (Set) and those of
@@ -92,6 +99,9 @@ func NodeLabels(f LabelFacts) NodeLabelSet {
 		}
 		if devicePluginReadyLabelled(f.Labels, p) {
 			set(kmmv1beta1.DevicePluginReadyLabel(ns, name), "")
+		}
+		if p.Result.Plan.Ready && p.DRAReady {
+			set(kmmv1beta1.DRAReadyLabel(ns, name), "")
 		}
 	}
 	out := NodeLabelSet{Set: map[string]string{}}

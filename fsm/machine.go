@@ -67,6 +67,10 @@ const (
 	// UpgradeAbandoned: an upgrade waiting for the new version's spec entry cannot go on: no version
 	// is requested any more, or the worker-pod label is at the target and still no entry exists.
 	UpgradeAbandoned Trigger = "UpgradeAbandoned"
+	// ClaimsAllocated: ResourceClaims allocated on the node with devices of the Module's DRA driver
+	// hold an unload back (the pair stays in DevicePluginDraining, its driver with it, until they are
+	// released).
+	ClaimsAllocated Trigger = "ClaimsAllocated"
 	// Adopted: upstream KMM recorded the spec's config as loaded on this kernel in this boot (a
 	// takeover, docs/migration.md): kmm takes it as loaded, without a worker.
 	Adopted Trigger = "Adopted"
@@ -175,6 +179,7 @@ func Configure(sm *stateless.StateMachine) {
 
 	sm.Configure(DevicePluginDraining).
 		Permit(DevicePluginGone, Unloading).
+		PermitReentry(ClaimsAllocated).
 		Permit(SpecRestored, Loaded).
 		Permit(NodeRebooted, Loading, nodeKernelMatchesSpec).
 		Permit(NodeRebooted, Absent, nodeKernelDiffersFromSpec)
@@ -216,11 +221,12 @@ func upstreamRecordMatchesSpec(ctx context.Context, _ ...any) bool {
 	return pairFrom(ctx).facts.adoptable()
 }
 
-// drainNeeded: the module's device plugin pod, or workload pods its upgrade drain selects, are
-// still on the node: they must go before an unload.
+// drainNeeded: the module's device plugin (or DRA driver) pod, workload pods its upgrade drain
+// selects, or ResourceClaims allocated with its DRA driver's devices are still on the node: they
+// must go before an unload.
 func drainNeeded(ctx context.Context, _ ...any) bool {
 	f := pairFrom(ctx).facts
-	return f.DevicePluginRunning || len(f.remainingWorkloads()) > 0
+	return f.DevicePluginRunning || len(f.remainingWorkloads()) > 0 || len(f.Claims) > 0
 }
 
 func nothingToDrain(ctx context.Context, args ...any) bool {

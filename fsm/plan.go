@@ -35,6 +35,9 @@ func plan(f *Facts) Plan {
 			p.Waiting = "waiting for the " + string(f.Worker.Action) + " worker pod of an earlier state to finish"
 		}
 	}
+	if len(f.Claims) > 0 && (p.RequeueAfter == 0 || p.RequeueAfter > ClaimsPoll) {
+		p.RequeueAfter = ClaimsPoll // ResourceClaims are not watched
+	}
 	if f.workerOverdue() {
 		p.DeleteWorker = true // past the worker timeout: it holds the pair's pod name
 	} else if f.Worker.Phase == PodRunning && !f.Worker.Created.IsZero() && p.RequeueAfter == 0 {
@@ -59,8 +62,8 @@ func planWorker(f *Facts, p *Plan, action contract.Action) {
 		p.Waiting = "spec entry is not for the node's kernel " + f.Node.KernelVersion
 	case action == contract.ActionUnload && !f.statusKernelMatches():
 		p.Waiting = "loaded config is not for the node's kernel " + f.Node.KernelVersion
-	case action != contract.ActionLoad && f.DevicePluginRunning:
-		p.Waiting = "device plugin pod still on the node"
+	case action != contract.ActionLoad && (f.DevicePluginRunning || len(f.Claims) > 0):
+		p.Waiting = heldBy(f)
 	case action == contract.ActionLoad && f.specProblem() != nil:
 		p.Waiting = "the spec entry's config is invalid"
 	default:
@@ -69,6 +72,14 @@ func planWorker(f *Facts, p *Plan, action contract.Action) {
 			p.CreateWorker.Previous = f.Status.Config.DeepCopy()
 		}
 	}
+}
+
+// heldBy says why an unload or reload waits: the device plugin (or DRA driver) pod, or claims.
+func heldBy(f *Facts) string {
+	if f.DevicePluginRunning {
+		return "device plugin pod still on the node"
+	}
+	return claimsMessage(f.Claims)
 }
 
 // workerEntry is what a new worker pod loads (the spec entry) or unloads (the loaded config).

@@ -1,6 +1,7 @@
 package fsm
 
 import (
+	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -252,8 +253,19 @@ func messageFor(t Trigger, f *Facts) string {
 		return "upstream KMM loaded this config in the node's current boot: adopted without a worker"
 	case UpgradeRequested:
 		return "node asks for version " + f.Node.UpgradeTarget + ": draining the device plugin"
+	case ClaimsAllocated:
+		return claimsMessage(f.Claims)
 	}
 	return triggerMessages[t]
+}
+
+// claimsMessage says which ResourceClaims hold the unload back.
+func claimsMessage(claims []string) string {
+	msg := "ResourceClaims allocated on the node with the DRA driver's devices hold the unload and the driver: " + strings.Join(claims, ", ")
+	if len(claims) >= MaxClaimsListed {
+		msg += " (and maybe more)"
+	}
+	return msg + "; delete the pods that use them"
 }
 
 // reloadHalf says which half of a failed reload failed, and what is loaded since.

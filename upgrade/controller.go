@@ -41,7 +41,7 @@ func (r *LabelReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	})
 	byPodNode := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []ctrl.Request {
 		p := o.(*corev1.Pod)
-		if p.Labels[contract.LabelDevicePlugin] == "" || p.Spec.NodeName == "" {
+		if !nodePluginPod(p.Labels) || p.Spec.NodeName == "" {
 			return nil
 		}
 		return r.ifConcerned(ctx, p.Spec.NodeName)
@@ -140,10 +140,10 @@ func (r *LabelReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 	if err := r.Client.Get(ctx, req.NamespacedName, nmc); client.IgnoreNotFound(err) != nil {
 		return ctrl.Result{}, err
 	}
-	// Only this node's device plugin pods, through the pod-by-node index of the manager's cache
-	// (contract.PodNodeNameField), without copies.
+	// Only this node's kmm pods (device plugin and DRA driver pods among them), through the
+	// pod-by-node index of the manager's cache (contract.PodNodeNameField), without copies.
 	pods := &corev1.PodList{}
-	if err := r.Client.List(ctx, pods, client.MatchingLabels{contract.LabelDevicePlugin: "true"},
+	if err := r.Client.List(ctx, pods, client.MatchingLabels{contract.LabelManagedBy: contract.ManagedBy},
 		client.MatchingFields{contract.PodNodeNameField: node.Name}, client.UnsafeDisableDeepCopy); err != nil {
 		return ctrl.Result{}, err
 	}
@@ -193,14 +193,21 @@ func setPatch(patch map[string]any, key, before, after string) {
 	}
 }
 
-// observe reads the pair's loaded version and state, and whether its device plugin pod is on the node.
+// nodePluginPod says whether a kmm pod is a device plugin or DRA driver pod.
+func nodePluginPod(labels map[string]string) bool {
+	return labels[contract.LabelDevicePlugin] != "" || labels[contract.LabelDRA] != ""
+}
+
+// observe reads the pair's loaded version and state, and whether its device plugin (or DRA driver)
+// pod is on the node.
 func observe(nmc *kmmv1beta1.NodeModulesConfig, pods []corev1.Pod, node string, m *kmmv1beta1.Module) Observed {
 	var o Observed
 	if st := nmc.StatusEntry(m.Namespace, m.Name); st != nil && st.Config != nil {
 		o.LoadedVersion, o.Loaded = st.Config.Version, st.State == kmmv1beta1.StateLoaded
 	}
+	o.DRA = m.Spec.DRA != nil
 	for _, p := range pods {
-		if p.Spec.NodeName == node && p.Labels[contract.LabelDevicePlugin] != "" &&
+		if p.Spec.NodeName == node && nodePluginPod(p.Labels) &&
 			p.Labels[contract.LabelModuleNamespace] == m.Namespace && p.Labels[contract.LabelModuleName] == m.Name {
 			o.DevicePluginPodOnNode = true
 		}

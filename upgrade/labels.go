@@ -18,6 +18,11 @@ type Observed struct {
 	LoadedVersion string
 	// Loaded says whether the pair is in state Loaded.
 	Loaded bool
+	// DRA says the Module runs a DRA driver (its pod counts in DevicePluginPodOnNode): the driver
+	// leaves when the NMC controller takes the ready label away, once no ResourceClaim of its
+	// devices is allocated on the node; the version label never takes it away first, and the
+	// worker-pod label goes without waiting for it (the NMC controller orders driver and unload).
+	DRA bool
 }
 
 // NextLabels returns the internal labels after one step of seed 002's flow (it never touches
@@ -25,8 +30,9 @@ type Observed struct {
 //
 //  1. worker-pod label at the target and the target version loaded → device-plugin label to the
 //     target (step 5), which lets the device plugin run again;
-//  2. worker-pod label elsewhere → first remove the device-plugin label (step 2), wait for the device
-//     plugin pod to leave, then remove the worker-pod label (step 3: the Module→NMC controller deletes
+//  2. worker-pod label elsewhere → first remove the device-plugin label (step 2; for a DRA driver
+//     only once its pod has left, which the NMC controller decides), wait for the device plugin pod
+//     to leave, then remove the worker-pod label (step 3: the Module→NMC controller deletes
 //     the spec entry and the module is unloaded), and once nothing is loaded set the worker-pod label
 //     to the target (step 4: the entry comes back and the new version loads).
 func NextLabels(l NodeLabels, o Observed) NodeLabels {
@@ -36,10 +42,11 @@ func NextLabels(l NodeLabels, o Observed) NodeLabels {
 		if o.Loaded && o.LoadedVersion == l.Target && l.DevicePlugin != l.Target {
 			next.DevicePlugin = l.Target
 		}
-	case l.DevicePlugin != "":
+	case l.DevicePlugin != "" && (!o.DRA || !o.DevicePluginPodOnNode):
 		next.DevicePlugin = ""
-	case o.DevicePluginPodOnNode:
-		// wait for the device plugin pod to go
+	case o.DevicePluginPodOnNode && !o.DRA:
+		// wait for the device plugin pod to go (a DRA driver's goes after the spec entry: the
+		// NMC controller keeps it while claims hold the node, and unloads only once it left)
 	case l.WorkerPod != "":
 		next.WorkerPod = ""
 	case o.LoadedVersion == "":

@@ -20,6 +20,15 @@ func TestNextLabelsFollowsSeed002(t *testing.T) {
 		{"user removed the label: device plugin off, then unload (manual flow)", NodeLabels{WorkerPod: "v1", DevicePlugin: "v1"}, Observed{Loaded: true, LoadedVersion: "v1"}, NodeLabels{WorkerPod: "v1"}},
 		{"label removed and device plugin gone: unload", NodeLabels{WorkerPod: "v1"}, Observed{Loaded: true, LoadedVersion: "v1"}, NodeLabels{}},
 		{"no label at all: nothing", NodeLabels{}, Observed{}, NodeLabels{}},
+		{"DRA driver: its label stays while its pod runs (the NMC controller takes the pod away once no claim holds it), the worker-pod label goes",
+			NodeLabels{Target: "v2", WorkerPod: "v1", DevicePlugin: "v1"}, Observed{Loaded: true, LoadedVersion: "v1", DevicePluginPodOnNode: true, DRA: true},
+			NodeLabels{Target: "v2", DevicePlugin: "v1"}},
+		{"DRA, label removed by the user: the same order", NodeLabels{WorkerPod: "v1", DevicePlugin: "v1"},
+			Observed{Loaded: true, LoadedVersion: "v1", DevicePluginPodOnNode: true, DRA: true}, NodeLabels{DevicePlugin: "v1"}},
+		{"DRA driver gone: its label goes (step 2)", NodeLabels{Target: "v2", WorkerPod: "v1", DevicePlugin: "v1"}, Observed{LoadedVersion: "v1", DRA: true},
+			NodeLabels{Target: "v2", WorkerPod: "v1"}},
+		{"DRA v2 loaded: start its driver (step 5)", NodeLabels{Target: "v2", WorkerPod: "v2"}, Observed{Loaded: true, LoadedVersion: "v2", DRA: true},
+			NodeLabels{Target: "v2", WorkerPod: "v2", DevicePlugin: "v2"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

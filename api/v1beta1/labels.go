@@ -21,11 +21,18 @@ func DevicePluginReadyLabel(namespace, name string) string {
 	return labelDomain + namespace + "." + name + ".device-plugin-ready"
 }
 
+// DRAReadyLabel marks a node where the Module's DRA driver pod is Ready (upstream KMM's dra-ready
+// label).
+func DRAReadyLabel(namespace, name string) string {
+	return labelDomain + namespace + "." + name + ".dra-ready"
+}
+
 // StateLabels are the node labels the NMC controller writes for a Module's pair on the node: ReadyLabel,
-// VersionReadyLabel and DevicePluginReadyLabel. No decision of the Module→NMC controller reads them
-// but through a Module's selector.
+// VersionReadyLabel, DevicePluginReadyLabel and DRAReadyLabel. No decision of the Module→NMC
+// controller reads them but through a Module's selector.
 func StateLabels(namespace, name string) []string {
-	return []string{ReadyLabel(namespace, name), VersionReadyLabel(namespace, name), DevicePluginReadyLabel(namespace, name)}
+	return []string{ReadyLabel(namespace, name), VersionReadyLabel(namespace, name), DevicePluginReadyLabel(namespace, name),
+		DRAReadyLabel(namespace, name)}
 }
 
 // ModuleVersionLabel is the user's label requesting a module version on a node (ordered upgrade).
@@ -39,7 +46,8 @@ func WorkerPodVersionLabel(namespace, name string) string {
 	return workerPodVersionPrefix + namespace + "." + name
 }
 
-// DevicePluginVersionLabel is the internal label saying which device plugin version may run on a node.
+// DevicePluginVersionLabel is the internal label saying which device plugin (or DRA driver) version
+// may run on a node.
 func DevicePluginVersionLabel(namespace, name string) string {
 	return devicePluginVersionPrefix + namespace + "." + name
 }

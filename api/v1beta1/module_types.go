@@ -2,6 +2,7 @@ package v1beta1
 
 import (
 	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -261,6 +262,66 @@ type DevicePluginSpec struct {
 	AutomountServiceAccountToken *bool `json:"automountServiceAccountToken,omitempty"`
 }
 
+// DeviceClassSpec is a cluster-scoped resource.k8s.io/v1 DeviceClass that kmm keeps for the Module.
+type DeviceClassSpec struct {
+	// Name is the DeviceClass's metadata.name (a DNS subdomain).
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	Name string `json:"name"`
+
+	// Selectors restrict which devices satisfy the class.
+	// +optional
+	// +kubebuilder:validation:MaxItems=32
+	Selectors []resourcev1.DeviceSelector `json:"selectors,omitempty"`
+
+	// Config is per-device configuration given to the DRA driver.
+	// +optional
+	// +kubebuilder:validation:MaxItems=32
+	Config []resourcev1.DeviceClassConfiguration `json:"config,omitempty"`
+}
+
+// DRASpec is the Dynamic Resource Allocation driver that kmm runs as a DaemonSet where the module is
+// loaded (on every selected node for a Module without moduleLoader), with the Module's DeviceClasses.
+type DRASpec struct {
+	// Container is the DRA driver container.
+	Container DevicePluginContainerSpec `json:"container"`
+
+	// InitContainer runs before the DRA driver container.
+	// +optional
+	InitContainer *DevicePluginContainerSpec `json:"initContainer,omitempty"`
+
+	// ServiceAccountName of the DRA driver pods (a driver publishes ResourceSlices: its account
+	// needs that right).
+	// +optional
+	ServiceAccountName string `json:"serviceAccountName,omitempty"`
+
+	// Volumes of the DRA driver pods, with the same host path rule as a device plugin's.
+	// +optional
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:XValidation:rule="self.all(v, !has(v.hostPath) || (!v.hostPath.path.contains('..') && ['/dev', '/sys', '/var', '/opt', '/run'].exists(p, v.hostPath.path == p || v.hostPath.path.startsWith(p + '/'))))",message="a DRA driver may mount host paths only under /dev, /sys, /var, /opt or /run, without '..'"
+	Volumes []corev1.Volume `json:"volumes,omitempty"`
+
+	// AutomountServiceAccountToken set to false keeps the service account token out of the pods.
+	// +optional
+	AutomountServiceAccountToken *bool `json:"automountServiceAccountToken,omitempty"`
+
+	// DriverName is the name the driver registers with the kubelet and writes into the allocations
+	// of ResourceClaims (a DNS subdomain of at most 63 characters, as resource.k8s.io bounds it).
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	DriverName string `json:"driverName"`
+
+	// DeviceClasses are kept as the Module says: created, updated, and deleted when they leave
+	// this list or the Module goes.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=32
+	DeviceClasses []DeviceClassSpec `json:"deviceClasses,omitempty"`
+}
+
 // DrainSpec (a kmm extension) drains the workloads that use the module from a node before the module
 // is unloaded for an upgrade, escalating as the timeouts pass (see docs/api.md).
 type DrainSpec struct {
@@ -318,19 +379,18 @@ type UpgradePolicy struct {
 }
 
 // ModuleSpec says which kmod to load on which nodes.
-// +kubebuilder:validation:XValidation:rule="has(self.moduleLoader) || has(self.devicePlugin)",message="moduleLoader is required unless devicePlugin is set (a device-plugin-only Module)",fieldPath=".moduleLoader"
+// +kubebuilder:validation:XValidation:rule="has(self.moduleLoader) || has(self.devicePlugin) || has(self.dra)",message="moduleLoader is required unless devicePlugin or dra is set (a device-plugin-only Module)",fieldPath=".moduleLoader"
+// +kubebuilder:validation:XValidation:rule="!(has(self.dra) && has(self.devicePlugin))",message="spec.dra and spec.devicePlugin are mutually exclusive"
 type ModuleSpec struct {
 	// DevicePlugin, when set, runs on every node where the module is loaded (on every selected node
 	// for a device-plugin-only Module, one without moduleLoader).
 	// +optional
 	DevicePlugin *DevicePluginSpec `json:"devicePlugin,omitempty"`
 
-	// DRA is upstream's Dynamic Resource Allocation driver; kmm does not implement it.
-	// +kubebuilder:validation:Type=object
-	// +kubebuilder:pruning:PreserveUnknownFields
-	// +kubebuilder:validation:XValidation:rule="false",message="dra is not supported by kmm: use devicePlugin"
+	// DRA, when set, runs a Dynamic Resource Allocation driver wherever a device plugin would run,
+	// and keeps the Module's DeviceClasses. Mutually exclusive with devicePlugin.
 	// +optional
-	DRA *Unsupported `json:"dra,omitempty"`
+	DRA *DRASpec `json:"dra,omitempty"`
 
 	// ModuleLoader says how to load the module. Without it the Module is device-plugin-only: nothing
 	// is loaded, and the device plugin runs on every node the selector matches.
@@ -379,6 +439,10 @@ type ModuleStatus struct {
 	// DevicePlugin counts nodes for the device plugin.
 	// +optional
 	DevicePlugin DaemonSetStatus `json:"devicePlugin,omitempty"`
+
+	// DRA counts nodes for the DRA driver.
+	// +optional
+	DRA DaemonSetStatus `json:"dra,omitempty"`
 
 	// NodesByState counts the selected nodes per state of the (node, module) state machine.
 	// +optional
@@ -432,7 +496,8 @@ func (s *ModuleSpec) Version() string {
 	return s.ModuleLoader.Container.Version
 }
 
-// DevicePluginOnly says whether the Module runs a device plugin and loads nothing.
+// DevicePluginOnly says whether the Module loads nothing and runs only its device plugin or DRA
+// driver (on every selected node).
 func (s *ModuleSpec) DevicePluginOnly() bool {
 	return s.ModuleLoader == nil
 }

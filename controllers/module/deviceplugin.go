@@ -50,9 +50,9 @@ func DevicePluginTemplate(m *kmmv1beta1.Module) corev1.PodTemplateSpec {
 	return devicePluginTemplate(DevicePluginName(m), m, devicePluginLabels(m))
 }
 
-// DevicePluginNodeSelector is where the device plugin runs: the selected nodes of a device-plugin-only
-// Module, else nodes with the module loaded (and, with a
-// version, the version-device-plugin label of that version).
+// DevicePluginNodeSelector is where the device plugin (or DRA driver) runs: the selected nodes of a
+// device-plugin-only Module, else nodes with the module loaded (and, with a version, the
+// version-device-plugin label of that version).
 func DevicePluginNodeSelector(m *kmmv1beta1.Module) map[string]string {
 	if m.Spec.DevicePluginOnly() {
 		return maps.Clone(m.Spec.Selector)
@@ -111,7 +111,15 @@ func buildDevicePlugin(ds *appsv1.DaemonSet, m *kmmv1beta1.Module, scheme *runti
 	if ds.Spec.Selector == nil {
 		ds.Spec.Selector = &metav1.LabelSelector{MatchLabels: map[string]string{"kmm.sigs.x-k8s.io/daemonset": ds.Name}}
 	}
-	tmpl := devicePluginTemplate(ds.Name, m, labels)
+	if err := setTemplate(ds, devicePluginTemplate(ds.Name, m, labels)); err != nil {
+		return err
+	}
+	return controllerutil.SetControllerReference(m, ds, scheme)
+}
+
+// setTemplate replaces the DaemonSet's pod template with tmpl when tmpl's hash differs from the
+// one recorded in its annotation.
+func setTemplate(ds *appsv1.DaemonSet, tmpl corev1.PodTemplateSpec) error {
 	data, err := json.Marshal(tmpl)
 	if err != nil {
 		return err
@@ -122,7 +130,7 @@ func buildDevicePlugin(ds *appsv1.DaemonSet, m *kmmv1beta1.Module, scheme *runti
 		metav1.SetMetaDataAnnotation(&ds.ObjectMeta, annotationTemplateHash, hash)
 		ds.Spec.Template = tmpl
 	}
-	return controllerutil.SetControllerReference(m, ds, scheme)
+	return nil
 }
 
 // annotationTemplateHash records the hash of the pod template kmm last wrote.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -29,9 +30,18 @@ const HandoverPoll = 2 * time.Second
 // what ends it, kmm's pods becoming Ready, changes kmm's DaemonSet, which wakes the Module anyway.
 const HandoverStuckPoll = 30 * time.Second
 
-// upstreamDevicePluginSets lists upstream KMM's device plugin DaemonSets of m (from the cache:
-// the Module controller owns DaemonSets): upstream's module name label, controlled by m, not kmm's.
+// upstreamDevicePluginSets lists upstream KMM's device plugin DaemonSets of m: its DaemonSets but
+// the DRA driver's (dra.go takes that one over).
 func (r *Reconciler) upstreamDevicePluginSets(ctx context.Context, m *kmmv1beta1.Module) ([]appsv1.DaemonSet, error) {
+	sets, err := r.upstreamDaemonSets(ctx, m)
+	return slices.DeleteFunc(sets, func(ds appsv1.DaemonSet) bool {
+		return ds.Labels[shared.UpstreamRoleLabel] == shared.UpstreamDRARole
+	}), err
+}
+
+// upstreamDaemonSets lists upstream KMM's DaemonSets of m (from the cache: the Module controller
+// owns DaemonSets): upstream's module name label, controlled by m, not kmm's.
+func (r *Reconciler) upstreamDaemonSets(ctx context.Context, m *kmmv1beta1.Module) ([]appsv1.DaemonSet, error) {
 	list := &appsv1.DaemonSetList{}
 	if err := r.Client.List(ctx, list, client.InNamespace(m.Namespace), client.MatchingLabels{shared.UpstreamModuleNameLabel: m.Name}); err != nil {
 		return nil, err

@@ -14,6 +14,7 @@ import (
 	"github.com/go-logr/logr"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
@@ -32,6 +33,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/controllers/shared"
 	"github.com/kmm-project/kmm/fsm"
 	"github.com/kmm-project/kmm/internal/retry"
@@ -83,10 +85,25 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		For(&kmmv1beta1.Module{}, builder.WithPredicates(predicate.Not(statusOnlyUpdate()))).
 		Watches(&kmmv1beta1.Module{}, delayedStatusUpdates(), builder.WithPredicates(statusOnlyUpdate())).
 		Owns(&appsv1.DaemonSet{}).
+		Watches(&resourcev1.DeviceClass{}, handler.EnqueueRequestsFromMapFunc(deviceClassModule)).
 		Watches(&corev1.Node{}, r.nodeEvents(), builder.WithPredicates(nodeLabelsOrKernelChanged())).
 		Watches(&kmmv1beta1.NodeModulesConfig{}, nmcEvents()).
 		WithOptions(controller.Options{RateLimiter: retry.Limiter()}).
 		Complete(r)
+}
+
+// deviceClassModule is the Module a DeviceClass's labels name (kmm's or upstream KMM's), if any: a
+// change made to it by hand is put back.
+func deviceClassModule(_ context.Context, o client.Object) []ctrl.Request {
+	l := o.GetLabels()
+	ns, name := l[contract.LabelModuleNamespace], l[contract.LabelModuleName]
+	if ns == "" || name == "" {
+		ns, name = l[shared.UpstreamModuleNamespaceLabel], l[shared.UpstreamModuleNameLabel]
+	}
+	if ns == "" || name == "" {
+		return nil
+	}
+	return []ctrl.Request{{NamespacedName: types.NamespacedName{Namespace: ns, Name: name}}}
 }
 
 // StatusDelay is how long NMC changes gather before their Modules are reconciled again: a
@@ -340,7 +357,7 @@ func (r *Reconciler) act(ctx context.Context, s *moduleScope, log logr.Logger) [
 		log.Info("Invalid Module: leaving its nodes as they are", "error", s.invalid)
 		return nil
 	}
-	errs := []error{r.syncSpecs(ctx, s, log), r.syncDevicePlugin(ctx, s)}
+	errs := []error{r.syncSpecs(ctx, s, log), r.syncDevicePlugin(ctx, s), r.syncDRA(ctx, s)}
 	// After kmm's device plugin DaemonSet is written: upstream KMM's goes once kmm's serves its nodes.
 	pending, err := r.handOverDevicePlugin(ctx, s)
 	s.handoverPending = pending

@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/fsm"
 	"github.com/kmm-project/kmm/internal/semantic"
 )
@@ -28,7 +29,8 @@ import (
 func (r *Reconciler) writeStatus(ctx context.Context, s *moduleScope) (time.Duration, error) {
 	m := s.module
 	dsList := &appsv1.DaemonSetList{}
-	if err := r.Client.List(ctx, dsList, client.InNamespace(m.Namespace), client.MatchingLabels(devicePluginLabels(m))); err != nil {
+	if err := r.Client.List(ctx, dsList, client.InNamespace(m.Namespace), client.MatchingLabels{contract.LabelManagedBy: contract.ManagedBy,
+		contract.LabelModuleNamespace: m.Namespace, contract.LabelModuleName: m.Name}); err != nil {
 		return 0, err
 	}
 	next := computeModuleStatus(s, dsList.Items, metav1.NewTime(r.clock().Now()))
@@ -179,9 +181,13 @@ func computeModuleStatus(s *moduleScope, daemonSets []appsv1.DaemonSet, now meta
 		}
 	}
 	for _, ds := range daemonSets {
-		st.DevicePlugin.NodesMatchingSelectorNumber = st.ModuleLoader.NodesMatchingSelectorNumber
-		st.DevicePlugin.DesiredNumber += ds.Status.DesiredNumberScheduled
-		st.DevicePlugin.AvailableNumber += ds.Status.NumberAvailable
+		c := &st.DevicePlugin
+		if ds.Labels[contract.LabelDRA] != "" {
+			c = &st.DRA
+		}
+		c.NodesMatchingSelectorNumber = st.ModuleLoader.NodesMatchingSelectorNumber
+		c.DesiredNumber += ds.Status.DesiredNumberScheduled
+		c.AvailableNumber += ds.Status.NumberAvailable
 	}
 	problem := moduleProblem{invalid: s.invalid, refused: s.refused, handoverStuck: s.handoverStuck}
 	progress, what := st.ModuleLoader, "loaded"
@@ -190,6 +196,9 @@ func computeModuleStatus(s *moduleScope, daemonSets []appsv1.DaemonSet, now meta
 		// (desired from the selector, not from the DaemonSet's status, which lags its creation).
 		progress = kmmv1beta1.DaemonSetStatus{DesiredNumber: st.ModuleLoader.NodesMatchingSelectorNumber, AvailableNumber: st.DevicePlugin.AvailableNumber}
 		what = "device plugin available"
+		if m.Spec.DRA != nil {
+			progress.AvailableNumber, what = st.DRA.AvailableNumber, "DRA driver available"
+		}
 	}
 	st.Conditions = moduleConditions(conditionFacts{problem: problem, progress: progress, what: what,
 		noMapping: noMapping, failing: failing, generation: gen, now: now})

@@ -74,7 +74,8 @@ func (r *NMCReconciler) drainFacts(ctx context.Context, f *nodeFacts, key string
 	var targets []*corev1.Pod
 	for i := range pods.Items {
 		p := &pods.Items[i]
-		if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed && observeWorkload(p, nil).Spared() == "" {
+		if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed && observeWorkload(p, nil).Spared() == "" &&
+			!isOwnDRADriver(f, key, p) {
 			targets = append(targets, p)
 		}
 	}
@@ -85,6 +86,7 @@ func (r *NMCReconciler) drainFacts(ctx context.Context, f *nodeFacts, key string
 	for _, p := range targets {
 		out.Pods = append(out.Pods, observeWorkload(p, pdbs))
 	}
+	out.Pods = append(out.Pods, ownDRADrivers(f, key)...)
 	return out, nil
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
@@ -104,9 +105,15 @@ type nodeFacts struct {
 	workers    map[string]*corev1.Pod // by module key
 	dpRunning  map[string]bool        // by module key
 	dpReady    map[string]bool        // by module key: a device plugin pod is Ready
-	dpModules  map[string]bool        // module keys whose Module has a device plugin
-	modulesSet map[string]bool        // module keys whose Module exists and is not being deleted
-	moduleKeys map[string]bool        // module keys of every Module, being deleted or not
+	dpModules  map[string]bool        // module keys whose Module has a device plugin or a DRA driver
+	draReady   map[string]bool        // by module key: a DRA driver pod is Ready
+	draPods    map[string][]*corev1.Pod
+	drivers    map[string]string // by module key: the DRA driver name of a Module with spec.dra
+	// claims are the ResourceClaims read once per reconcile, only when a pair of a Module with a
+	// DRA driver may unload (nil: not read yet).
+	claims     []resourcev1.ResourceClaim
+	modulesSet map[string]bool // module keys whose Module exists and is not being deleted
+	moduleKeys map[string]bool // module keys of every Module, being deleted or not
 	drains     map[string]*kmmv1beta1.DrainSpec
 	refused    map[string]fsm.CreateRefusal // worker pods the API server refused, by module key
 	// upstreamWorkers are the module keys with an upstream KMM worker pod on the node, read only
@@ -182,7 +189,8 @@ func (r *NMCReconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 
 func (r *NMCReconciler) gather(ctx context.Context, name string) (*nodeFacts, error) {
 	f := &nodeFacts{nmc: &kmmv1beta1.NodeModulesConfig{}, node: &corev1.Node{}, workers: map[string]*corev1.Pod{},
-		dpRunning: map[string]bool{}, dpReady: map[string]bool{}, dpModules: map[string]bool{}, modulesSet: map[string]bool{}, moduleKeys: map[string]bool{}, refused: map[string]fsm.CreateRefusal{}}
+		dpRunning: map[string]bool{}, dpReady: map[string]bool{}, dpModules: map[string]bool{}, draReady: map[string]bool{},
+		draPods: map[string][]*corev1.Pod{}, drivers: map[string]string{}, modulesSet: map[string]bool{}, moduleKeys: map[string]bool{}, refused: map[string]fsm.CreateRefusal{}}
 	// Everything is read as the cache holds it, without copies (this runs for every event on every
 	// node); the writes copy the NMC or the Node first (writableNMC, writableNode).
 	if err := r.Client.Get(ctx, client.ObjectKey{Name: name}, f.nmc, client.UnsafeDisableDeepCopy); err != nil {
@@ -206,7 +214,10 @@ func (r *NMCReconciler) gather(ctx context.Context, name string) (*nodeFacts, er
 	}
 	for _, m := range modules.Items {
 		f.moduleKeys[m.Namespace+"/"+m.Name] = true
-		f.dpModules[m.Namespace+"/"+m.Name] = m.Spec.DevicePlugin != nil
+		f.dpModules[m.Namespace+"/"+m.Name] = m.Spec.DevicePlugin != nil || m.Spec.DRA != nil
+		if m.Spec.DRA != nil {
+			f.drivers[m.Namespace+"/"+m.Name] = m.Spec.DRA.DriverName
+		}
 		if m.DeletionTimestamp.IsZero() {
 			f.modulesSet[m.Namespace+"/"+m.Name] = true
 		}
@@ -229,11 +240,20 @@ func collectPod(f *nodeFacts, p *corev1.Pod, node string) {
 		f.workers[p.Labels[contract.LabelModuleNamespace]+"/"+p.Labels[contract.LabelModuleName]] = p
 		return
 	}
-	// A device plugin pod counts until it is gone, Terminating included: it may still use the module.
-	if p.Labels[contract.LabelDevicePlugin] != "" && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
-		key := p.Labels[contract.LabelModuleNamespace] + "/" + p.Labels[contract.LabelModuleName]
+	// A device plugin or DRA driver pod counts until it is gone, Terminating included: it may
+	// still use the module.
+	if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+		return
+	}
+	key := p.Labels[contract.LabelModuleNamespace] + "/" + p.Labels[contract.LabelModuleName]
+	switch {
+	case p.Labels[contract.LabelDevicePlugin] != "":
 		f.dpRunning[key] = true
 		f.dpReady[key] = f.dpReady[key] || shared.PodReady(p)
+	case p.Labels[contract.LabelDRA] != "":
+		f.dpRunning[key] = true
+		f.draReady[key] = f.draReady[key] || shared.PodReady(p)
+		f.draPods[key] = append(f.draPods[key], p)
 	}
 }
 
@@ -284,6 +304,11 @@ func (r *NMCReconciler) decidePairs(ctx context.Context, f *nodeFacts, now time.
 	var out []pairOutcome
 	for _, key := range pairKeys(f) {
 		facts := r.pairFacts(f, key, node, now)
+		claims, err := r.claimFacts(ctx, f, key, &facts)
+		if err != nil {
+			return nil, fmt.Errorf("reading the ResourceClaims of %s: %w", key, err)
+		}
+		facts.Claims = claims
 		drain, err := r.drainFacts(ctx, f, key, &facts)
 		if err != nil {
 			return nil, fmt.Errorf("reading the workloads to drain for %s: %w", key, err)
@@ -376,7 +401,8 @@ func labelChanges(f *nodeFacts, outcomes []pairOutcome) map[string]any {
 	facts := fsm.LabelFacts{Labels: f.node.Labels, Modules: f.moduleKeys, Pairs: make([]fsm.LabelPair, len(outcomes))}
 	for i := range outcomes {
 		o := &outcomes[i]
-		facts.Pairs[i] = fsm.LabelPair{Key: o.key, Result: &o.result, DevicePluginRunning: f.dpRunning[o.key], DevicePluginReady: f.dpReady[o.key]}
+		facts.Pairs[i] = fsm.LabelPair{Key: o.key, Result: &o.result, DevicePluginRunning: f.dpRunning[o.key], DevicePluginReady: f.dpReady[o.key],
+			DRAReady: f.draReady[o.key]}
 	}
 	want := fsm.NodeLabels(facts)
 	patch := map[string]any{}
@@ -433,14 +459,19 @@ func (r *NMCReconciler) writeStatus(ctx context.Context, f *nodeFacts, d decisio
 func (r *NMCReconciler) execute(ctx context.Context, f *nodeFacts, d decision, log logr.Logger) error {
 	// A failed label patch does not hold back the rest: the pods and the drain go on, and the
 	// error requeues the node.
+	// The drains go before the labels: a DRA driver pod a drain evicts is gone through the
+	// Eviction API before its DaemonSet stops selecting the node (the DaemonSet controller would
+	// otherwise delete it first, without the disruption the eviction records).
 	var errs []error
+	for _, o := range d.outcomes {
+		errs = append(errs, r.executeDrain(ctx, f, o.key, o.result.Plan))
+	}
 	if err := r.patchLabels(ctx, f, d.labels); err != nil {
 		errs = append(errs, fmt.Errorf("labelling node %s: %w", f.node.Name, err))
 	}
 	setDrainGauge(f.node.Name, d.outcomes)
 	for _, o := range d.outcomes {
 		p := o.result.Plan
-		errs = append(errs, r.executeDrain(ctx, f, o.key, p))
 		if p.DeleteWorker && o.pod != nil && !r.expected().deleting(o.pod.UID, r.Clock.Now()) {
 			log.V(1).Info("Deleting finished worker pod", "module", o.key, "pod", o.pod.Name)
 			pre := client.Preconditions{UID: &o.pod.UID}

@@ -97,6 +97,13 @@ const (
 	// UpstreamDevicePluginFinalizer is the finalizer upstream KMM puts on its device plugin pods;
 	// with upstream stopped, kmm releases it once the pod is being deleted.
 	UpstreamDevicePluginFinalizer = "kmm.node.kubernetes.io/node-labeler"
+	// UpstreamModuleNamespaceLabel names, beside UpstreamModuleNameLabel, the Module of a
+	// cluster-scoped DeviceClass upstream KMM keeps for a Module's DRA driver.
+	UpstreamModuleNamespaceLabel = "kmm.node.kubernetes.io/module.namespace"
+	// UpstreamRoleLabel says what an upstream DaemonSet runs; UpstreamDRARole is its value on a
+	// DRA driver DaemonSet (and its pods).
+	UpstreamRoleLabel = "kmm.node.kubernetes.io/role"
+	UpstreamDRARole   = "dra"
 )
 
 // FieldManager is the field manager of a Module's NMC entries.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 	corev1 "k8s.io/api/core/v1"
+	k8svalidation "k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
@@ -29,7 +30,7 @@ func Module(m *kmmv1beta1.Module) field.ErrorList {
 // validating webhook enforces it.
 func Admission(m *kmmv1beta1.Module) field.ErrorList {
 	spec := field.NewPath("spec")
-	errs := validateUnsupported(m, spec)
+	var errs field.ErrorList
 	if len(m.Spec.Selector) == 0 {
 		errs = append(errs, field.Required(spec.Child("selector"), "selector must not be empty: name the node labels of the nodes that need the module"))
 	}
@@ -37,10 +38,11 @@ func Admission(m *kmmv1beta1.Module) field.ErrorList {
 	switch ml := m.Spec.ModuleLoader; {
 	case ml != nil:
 		errs = append(errs, validateModuleLoader(m, spec.Child("moduleLoader"), ml)...)
-	case m.Spec.DevicePlugin == nil:
-		errs = append(errs, field.Required(spec.Child("moduleLoader"), "moduleLoader is required unless devicePlugin is set (a device-plugin-only Module)"))
+	case m.Spec.DevicePlugin == nil && m.Spec.DRA == nil:
+		errs = append(errs, field.Required(spec.Child("moduleLoader"), "moduleLoader is required unless devicePlugin or dra is set (a device-plugin-only Module)"))
 	}
 	errs = append(errs, validateDevicePlugin(m, spec.Child("devicePlugin"))...)
+	errs = append(errs, validateDRA(m, spec.Child("dra"))...)
 	errs = append(errs, validateUpgradePolicy(spec.Child("upgradePolicy"), m.Spec.UpgradePolicy)...)
 	errs = append(errs, validateSelector(spec.Child("selector"), m.Spec.Selector)...)
 	errs = append(errs, validateTolerations(spec.Child("tolerations"), m.Spec.Tolerations)...)
@@ -114,13 +116,6 @@ func images(m *kmmv1beta1.Module) []string {
 		out = append(out, km.ContainerImage)
 	}
 	return out
-}
-
-func validateUnsupported(m *kmmv1beta1.Module, spec *field.Path) field.ErrorList {
-	if m.Spec.DRA != nil {
-		return field.ErrorList{field.Forbidden(spec.Child("dra"), "dra is not supported by kmm")}
-	}
-	return nil
 }
 
 func validateKernelMappings(m *kmmv1beta1.Module, p *field.Path, c *kmmv1beta1.ModuleLoaderContainerSpec) field.ErrorList {
@@ -264,6 +259,43 @@ func validateDevicePlugin(m *kmmv1beta1.Module, p *field.Path) field.ErrorList {
 		errs = append(errs, validateImageReference(p.Child("initContainer", "image"), dp.InitContainer.Image, dp.InitContainer.Image)...)
 	}
 	return errs
+}
+
+// validateDRA checks what the CRD schema checks of spec.dra: exclusive with devicePlugin, a driver
+// name and DeviceClass names that are DNS subdomains (the class names unique), the host path rule.
+func validateDRA(m *kmmv1beta1.Module, p *field.Path) field.ErrorList {
+	d := m.Spec.DRA
+	if d == nil {
+		return nil
+	}
+	var errs field.ErrorList
+	if m.Spec.DevicePlugin != nil {
+		errs = append(errs, field.Forbidden(p, "spec.dra and spec.devicePlugin are mutually exclusive"))
+	}
+	errs = append(errs, validateImageReference(p.Child("container", "image"), d.Container.Image, d.Container.Image)...)
+	if d.InitContainer != nil {
+		errs = append(errs, validateImageReference(p.Child("initContainer", "image"), d.InitContainer.Image, d.InitContainer.Image)...)
+	}
+	if msgs := k8svalidation.IsDNS1123Subdomain(d.DriverName); len(msgs) > 0 || len(d.DriverName) > 63 {
+		errs = append(errs, field.Invalid(p.Child("driverName"), d.DriverName, "must be a DNS subdomain of at most 63 characters"))
+	}
+	seen := map[string]bool{}
+	for i, dc := range d.DeviceClasses {
+		if msgs := k8svalidation.IsDNS1123Subdomain(dc.Name); len(msgs) > 0 {
+			errs = append(errs, field.Invalid(p.Child("deviceClasses").Index(i).Child("name"), dc.Name, strings.Join(msgs, "; ")))
+		}
+		if seen[dc.Name] {
+			errs = append(errs, field.Duplicate(p.Child("deviceClasses").Index(i).Child("name"), dc.Name))
+		}
+		seen[dc.Name] = true
+	}
+	for i, v := range d.Volumes {
+		if v.HostPath != nil && !kmmv1beta1.DevicePluginHostPathAllowed(v.HostPath.Path) {
+			errs = append(errs, field.Invalid(p.Child("volumes").Index(i).Child("hostPath", "path"), v.HostPath.Path,
+				"a DRA driver may mount host paths only under /dev, /sys, /var, /opt or /run, without '..'"))
+		}
+	}
+	return append(errs, validateServiceAccount(p.Child("serviceAccountName"), d.ServiceAccountName)...)
 }
 
 func validateUpgradePolicy(p *field.Path, up *kmmv1beta1.UpgradePolicy) field.ErrorList {

@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
-	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -89,10 +88,24 @@ func TestModule(t *testing.T) {
 			m.Spec.DevicePlugin = &kmmv1beta1.DevicePluginSpec{Container: kmmv1beta1.DevicePluginContainerSpec{Image: "reg.example.com/dp:v1"}}
 		}, "", ""},
 		{"neither moduleLoader nor devicePlugin", func(m *kmmv1beta1.Module) { m.Spec.ModuleLoader = nil },
-			"spec.moduleLoader", "moduleLoader is required unless devicePlugin is set"},
+			"spec.moduleLoader", "moduleLoader is required unless devicePlugin or dra is set"},
 
-		{"unsupported: dra", func(m *kmmv1beta1.Module) { m.Spec.DRA = &apiextensionsv1.JSON{Raw: []byte("{}")} },
-			"spec.dra", "dra is not supported by kmm"},
+		{"dra beside moduleLoader", func(m *kmmv1beta1.Module) { m.Spec.DRA = draSpec() }, "", ""},
+		{"dra-only Module", func(m *kmmv1beta1.Module) { m.Spec.ModuleLoader, m.Spec.DRA = nil, draSpec() }, "", ""},
+		{"dra and devicePlugin", func(m *kmmv1beta1.Module) {
+			m.Spec.DRA = draSpec()
+			m.Spec.DevicePlugin = &kmmv1beta1.DevicePluginSpec{Container: kmmv1beta1.DevicePluginContainerSpec{Image: "reg.example.com/dp:v1"}}
+		}, "spec.dra", "mutually exclusive"},
+		{"dra: driver name not a DNS subdomain", func(m *kmmv1beta1.Module) { m.Spec.DRA = draSpec(); m.Spec.DRA.DriverName = "GPU_driver" },
+			"spec.dra.driverName", "DNS subdomain"},
+		{"dra: duplicate DeviceClass", func(m *kmmv1beta1.Module) {
+			m.Spec.DRA = draSpec()
+			m.Spec.DRA.DeviceClasses = append(m.Spec.DRA.DeviceClasses, m.Spec.DRA.DeviceClasses[0])
+		}, "spec.dra.deviceClasses[1].name", "Duplicate"},
+		{"dra: host path outside the allowed prefixes", func(m *kmmv1beta1.Module) {
+			m.Spec.DRA = draSpec()
+			m.Spec.DRA.Volumes = []corev1.Volume{{Name: "etc", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/etc"}}}}
+		}, "spec.dra.volumes[0].hostPath.path", "DRA driver may mount host paths only"},
 		{"imageRebuildTriggerGeneration", func(m *kmmv1beta1.Module) { g := int64(1); m.Spec.ImageRebuildTriggerGeneration = &g }, "", ""},
 		{"build", func(m *kmmv1beta1.Module) { container(m).Build = validBuild() }, "", ""},
 		{"sign with globs", func(m *kmmv1beta1.Module) { container(m).KernelMappings[0].Sign = validSign() }, "", ""},
@@ -448,4 +461,10 @@ func TestPreflightValidation(t *testing.T) {
 			check(t, validation.PreflightValidation(&kmmv1beta2.PreflightValidation{Spec: tc.spec}), tc.wantField, tc.wantMsg)
 		})
 	}
+}
+
+// draSpec is a valid spec.dra.
+func draSpec() *kmmv1beta1.DRASpec {
+	return &kmmv1beta1.DRASpec{Container: kmmv1beta1.DevicePluginContainerSpec{Image: "reg.example.com/dra:v1"},
+		DriverName: "gpu.example.com", DeviceClasses: []kmmv1beta1.DeviceClassSpec{{Name: "gpu.example.com"}}}
 }
