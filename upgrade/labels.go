@@ -6,7 +6,8 @@ type NodeLabels struct {
 	Target string
 	// WorkerPod is beta.kmm.node.kubernetes.io/version-worker-pod.<ns>.<name>.
 	WorkerPod string
-	// DevicePlugin is beta.kmm.node.kubernetes.io/version-device-plugin.<ns>.<name>.
+	// DevicePlugin is beta.kmm.node.kubernetes.io/version-schedule-pod.<ns>.<name> (upstream KMM's
+	// name; before its rename, version-device-plugin: see SwitchedLabels).
 	DevicePlugin string
 }
 

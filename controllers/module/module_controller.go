@@ -207,8 +207,8 @@ func (r *Reconciler) modules(ctx context.Context) ([]kmmv1beta1.Module, bool) {
 // kmm's pairs as they load and unload (kmmv1beta1.StateLabels: ready, version.ready,
 // device-plugin-ready). No Module decision reads those but through a selector, which the
 // selects/deselects test above still catches: fsm.DecideSpec reads the selector's labels and the
-// version-worker-pod label, the device plugin DaemonSets the version-device-plugin label
-// (fsm.KeepOldDevicePlugin), the Module's status only the decisions and the NMC statuses (whose
+// version-worker-pod label, the device plugin DaemonSets the version-schedule-pod label and its legacy
+// name (fsm.KeepOldDevicePlugin, fsm.DevicePluginVersionKey), the Module's status only the decisions and the NMC statuses (whose
 // own events queue the Module). Each of them queued the Module again before (issue 22: 1,000 times
 // in a 1,000-node load for the ready label alone, and the reconcile reads every node and NMC).
 func nodeChangeRequests(modules []kmmv1beta1.Module, old, next map[string]string, kernelChanged bool) []ctrl.Request {
