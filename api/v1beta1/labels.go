@@ -82,6 +82,11 @@ func ParseInternalVersionLabel(key string) (module string, ok bool) {
 	return ns + "/" + name, true
 }
 
+// NamespaceLabel marks a namespace that holds Modules (upstream KMM's label, set and removed by the
+// Module controller): the validating webhook refuses to delete such a namespace, because the
+// Modules' unload worker pods run in it.
+const NamespaceLabel = "kmm.node.k8s.io/contains-modules"
+
 // UpgradeSkipLabel is the node label that, when present (any value), keeps the automatic rollout of
 // spec.upgradePolicy from moving that node's version-module label; the node does not count
 // toward maxUnavailable either.

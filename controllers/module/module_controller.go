@@ -85,6 +85,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&appsv1.DaemonSet{}).
 		Watches(&corev1.Node{}, r.nodeEvents(), builder.WithPredicates(nodeLabelsOrKernelChanged())).
 		Watches(&kmmv1beta1.NodeModulesConfig{}, nmcEvents()).
+		Watches(&corev1.Namespace{}, r.modulesOfNamespace(), builder.WithPredicates(namespaceDeletedOrRelabelled())).
 		WithOptions(controller.Options{RateLimiter: retry.Limiter()}).
 		Complete(r)
 }
@@ -276,6 +277,9 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err := r.Client.Get(ctx, req.NamespacedName, m); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.statusWrites.forget(req.NamespacedName)
+			if err := r.unlabelNamespace(ctx, req.Namespace); err != nil {
+				return ctrl.Result{}, err
+			}
 			// NMC events bring the keys of their entries here: an entry of a Module that does not
 			// exist is removed after a grace (takeover.go).
 			return r.removeOrphanedEntries(ctx, req.NamespacedName)
@@ -295,6 +299,9 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, err
 	}
 	scope.started = started
+	if err := r.syncNamespace(ctx, scope); err != nil {
+		return ctrl.Result{}, err
+	}
 	scope.decide()
 	errs := r.act(ctx, scope, log)
 	scope.actedOn = errors.Join(errs...) == nil
@@ -386,6 +393,10 @@ type moduleScope struct {
 	handoverPending bool
 	handoverMessage string
 	handoverStuck   string
+	// namespace is the Module's Namespace (nil if unread); namespaceTerminating the message of a
+	// namespace being deleted ("" when it is not; namespace.go).
+	namespace            *corev1.Namespace
+	namespaceTerminating string
 	// started is when the reconcile began to read: the time of its status write for
 	// statusWriteWait, so that a reconcile an NMC change queued during the last one is not early.
 	started time.Time
