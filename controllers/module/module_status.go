@@ -61,15 +61,20 @@ func (r *Reconciler) writeStatus(ctx context.Context, s *moduleScope) (time.Dura
 	}
 	r.statusWrites.wrote(key, now)
 	if ev, ok := moduleEvent(prev, next.Conditions); ok {
-		if ev.reason == kmmv1beta1.ReasonNamespaceTerminating && s.namespace != nil {
-			// No new object, Events included, can be created in a terminating namespace: the Event
-			// is the Namespace's (in default), related to the Module.
-			r.Recorder.Eventf(s.namespace, m, ev.eventType, ev.reason, "StateChanged", ev.note)
-		} else {
-			r.Recorder.Eventf(m, nil, ev.eventType, ev.reason, "StateChanged", ev.note)
-		}
+		r.recordModuleEvent(s, ev)
 	}
 	return 0, nil
+}
+
+// recordModuleEvent records a change of the Module's summary as an Event on the Module, or on its
+// Namespace when that is being deleted: no new object, Events included, can be created in a
+// terminating namespace; the Namespace's Event (in default) is related to the Module.
+func (r *Reconciler) recordModuleEvent(s *moduleScope, ev kubeEvent) {
+	if ev.reason == kmmv1beta1.ReasonNamespaceTerminating && s.namespace != nil {
+		r.Recorder.Eventf(s.namespace, s.module, ev.eventType, ev.reason, "StateChanged", ev.note)
+		return
+	}
+	r.Recorder.Eventf(s.module, nil, ev.eventType, ev.reason, "StateChanged", ev.note)
 }
 
 // statusWriteWait is how long a changed Module status waits before it is written (0: now). A
