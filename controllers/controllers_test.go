@@ -317,7 +317,7 @@ func TestModuleDeletionUnloadsEverywhereAndLeavesNothing(t *testing.T) {
 			t.Errorf("still loaded on %s", n)
 		}
 		for k := range cluster.Node(t, n).Labels {
-			if strings.Contains(k, tb.NS+".nic") || strings.Contains(k, "version-worker-pod."+tb.NS+".gpu") || strings.Contains(k, "version-device-plugin."+tb.NS+".gpu") {
+			if strings.Contains(k, tb.NS+".nic") || strings.Contains(k, "version-worker-pod."+tb.NS+".gpu") || strings.Contains(k, "version-schedule-pod."+tb.NS+".gpu") || strings.Contains(k, "version-device-plugin."+tb.NS+".gpu") {
 				t.Errorf("node %s keeps label %s", n, k)
 			}
 		}

@@ -36,8 +36,8 @@ const (
 )
 
 // leaveUpstreamDevicePlugin creates the device plugin DaemonSet upstream KMM runs for a Module at
-// version: generated name, upstream's labels, node selector on the ready and version-device-plugin
-// labels, pods holding upstream's finalizer. Its controller reference to the Module is set by
+// version: generated name, upstream's labels, node selector on the ready and version-schedule-pod
+// labels (upstream's current name), pods holding upstream's finalizer. Its controller reference to the Module is set by
 // ownUpstreamDevicePlugin once the Module exists.
 func leaveUpstreamDevicePlugin(t *testing.T, tb *testbed.Bed, name, version string) *appsv1.DaemonSet {
 	t.Helper()

@@ -16,7 +16,7 @@ import (
 func checkLabelKeys(t *testing.T, ns, name string) {
 	t.Helper()
 	if len(validation.IsDNS1123Label(ns)) > 0 || len(validation.IsDNS1123Subdomain(name)) > 0 ||
-		len(ns)+len(name) > kmmv1beta1.MaxVersionedNameLength {
+		len(ns)+len(name) > kmmv1beta1.MaxNameLength {
 		return // admission rejects these Modules
 	}
 	for _, key := range []string{kmmv1beta1.ReadyLabel(ns, name), kmmv1beta1.VersionReadyLabel(ns, name), kmmv1beta1.ModuleVersionLabel(ns, name),
@@ -29,7 +29,7 @@ func checkLabelKeys(t *testing.T, ns, name string) {
 
 func TestLabelKeysAtTheLengthBudget(t *testing.T) {
 	ns := strings.Repeat("n", 19)
-	name := strings.Repeat("m", kmmv1beta1.MaxVersionedNameLength-len(ns))
+	name := strings.Repeat("m", kmmv1beta1.MaxNameLength-len(ns))
 	checkLabelKeys(t, ns, name)
 	if got := kmmv1beta1.WorkerPodVersionLabel("ns", "m"); got != "beta.kmm.node.kubernetes.io/version-worker-pod.ns.m" {
 		t.Fatalf("WorkerPodVersionLabel = %s", got)

@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"sort"
+	"strings"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/labels"
@@ -24,6 +26,7 @@ import (
 )
 
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups=apps,resources=daemonsets,verbs=get;list;watch
 
 // LabelReconciler is the version label controller of seed 002: per node, for every Module with a
 // version, it moves the internal version labels one step toward the user's version-module label.
@@ -41,17 +44,20 @@ func (r *LabelReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	})
 	byPodNode := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []ctrl.Request {
 		p := o.(*corev1.Pod)
-		if !nodePluginPod(p.Labels) || p.Spec.NodeName == "" {
+		if (!nodePluginPod(p.Labels) && !selectsLegacy(p.Spec.NodeSelector)) || p.Spec.NodeName == "" {
 			return nil
 		}
 		return r.ifConcerned(ctx, p.Spec.NodeName)
 	})
+	// A DaemonSet that stops selecting on a legacy label lets the nodes that carry it drop it.
+	byLegacySelector := handler.EnqueueRequestsFromMapFunc(r.nodesWithLegacyLabels)
 	concerned := predicate.NewPredicateFuncs(func(o client.Object) bool { return r.concerns(context.Background(), o.GetLabels()) })
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("version-labels").
 		For(&corev1.Node{}, builder.WithPredicates(labelsChanged(), concerned)).
 		Watches(&kmmv1beta1.NodeModulesConfig{}, byName).
 		Watches(&corev1.Pod{}, byPodNode).
+		Watches(&appsv1.DaemonSet{}, byLegacySelector).
 		// Only spec changes of a Module matter here: its status changes often during a rollout and
 		// would enqueue every node it selects each time.
 		Watches(&kmmv1beta1.Module{}, handler.EnqueueRequestsFromMapFunc(r.nodesOfModule),
@@ -140,12 +146,18 @@ func (r *LabelReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 	if err := r.Client.Get(ctx, req.NamespacedName, nmc); client.IgnoreNotFound(err) != nil {
 		return ctrl.Result{}, err
 	}
-	// Only this node's kmm pods (device plugin and DRA driver pods among them), through the
-	// pod-by-node index of the manager's cache (contract.PodNodeNameField), without copies.
+	// Only this node's pods, through the pod-by-node index of the manager's cache
+	// (contract.PodNodeNameField), without copies: kmm's device plugin and DRA driver pods, and any pod that selects
+	// on a legacy version label.
 	pods := &corev1.PodList{}
-	if err := r.Client.List(ctx, pods, client.MatchingLabels{contract.LabelManagedBy: contract.ManagedBy},
-		client.MatchingFields{contract.PodNodeNameField: node.Name}, client.UnsafeDisableDeepCopy); err != nil {
+	if err := r.Client.List(ctx, pods, client.MatchingFields{contract.PodNodeNameField: node.Name}, client.UnsafeDisableDeepCopy); err != nil {
 		return ctrl.Result{}, err
+	}
+	daemonSets := &appsv1.DaemonSetList{}
+	if hasLegacyLabel(node.Labels) {
+		if err := r.Client.List(ctx, daemonSets, client.UnsafeDisableDeepCopy); err != nil {
+			return ctrl.Result{}, err
+		}
 	}
 	patch := map[string]any{}
 	active := map[string]bool{}
@@ -156,7 +168,7 @@ func (r *LabelReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 			continue
 		}
 		active[m.Namespace+"/"+m.Name] = true
-		stepModule(node, m, observe(nmc, pods.Items, node.Name, m), patch)
+		stepModule(node, m, observe(nmc, pods.Items, node.Name, m), legacySelected(m, daemonSets.Items, pods.Items), patch)
 	}
 	for _, key := range StaleInternalLabels(node.Labels, active, pairsOf(nmc)) {
 		patch[key] = nil
@@ -172,15 +184,78 @@ func (r *LabelReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 	return ctrl.Result{}, r.Client.Patch(ctx, node, client.RawPatch(types.MergePatchType, data))
 }
 
-// stepModule adds to patch the label changes of one step for Module m on node.
-func stepModule(node *corev1.Node, m *kmmv1beta1.Module, o Observed, patch map[string]any) {
+// stepModule adds to patch the label changes of one step for Module m on node; legacyNeeded says a
+// DaemonSet or a pod on the node still selects on the legacy version-device-plugin label.
+func stepModule(node *corev1.Node, m *kmmv1beta1.Module, o Observed, legacyNeeded bool, patch map[string]any) {
 	keys := struct{ target, workerPod, devicePlugin string }{
 		kmmv1beta1.ModuleVersionLabel(m.Namespace, m.Name), kmmv1beta1.WorkerPodVersionLabel(m.Namespace, m.Name), kmmv1beta1.DevicePluginVersionLabel(m.Namespace, m.Name),
 	}
 	in := NodeLabels{Target: node.Labels[keys.target], WorkerPod: node.Labels[keys.workerPod], DevicePlugin: node.Labels[keys.devicePlugin]}
 	out := NextLabels(in, o)
 	setPatch(patch, keys.workerPod, in.WorkerPod, out.WorkerPod)
-	setPatch(patch, keys.devicePlugin, in.DevicePlugin, out.DevicePlugin)
+	legacyKey, ok := kmmv1beta1.LegacyDevicePluginVersionLabel(m.Namespace, m.Name)
+	if !ok {
+		setPatch(patch, keys.devicePlugin, in.DevicePlugin, out.DevicePlugin)
+		return
+	}
+	current, legacy := SwitchedLabels(in, node.Labels[legacyKey], o, legacyNeeded)
+	setPatch(patch, keys.devicePlugin, in.DevicePlugin, current)
+	setPatch(patch, legacyKey, node.Labels[legacyKey], legacy)
+}
+
+// selectsLegacy says whether a node selector names a legacy version-device-plugin label.
+func selectsLegacy(nodeSelector map[string]string) bool {
+	return hasLegacyLabel(nodeSelector)
+}
+
+// nodesWithLegacyLabels maps a DaemonSet to the nodes carrying a legacy version-device-plugin label
+// its pod template selects on.
+func (r *LabelReconciler) nodesWithLegacyLabels(ctx context.Context, o client.Object) []ctrl.Request {
+	ds := o.(*appsv1.DaemonSet)
+	var out []ctrl.Request
+	for key := range ds.Spec.Template.Spec.NodeSelector {
+		if !strings.HasPrefix(key, kmmv1beta1.LegacyDevicePluginVersionPrefix) {
+			continue
+		}
+		nodes := &corev1.NodeList{}
+		if err := r.Client.List(ctx, nodes, client.HasLabels{key}, client.UnsafeDisableDeepCopy); err != nil {
+			continue
+		}
+		for _, n := range nodes.Items {
+			out = append(out, ctrl.Request{NamespacedName: types.NamespacedName{Name: n.Name}})
+		}
+	}
+	return out
+}
+
+// hasLegacyLabel says whether a node carries a legacy version-device-plugin label of any Module.
+func hasLegacyLabel(nodeLabels map[string]string) bool {
+	for key := range nodeLabels {
+		if strings.HasPrefix(key, kmmv1beta1.LegacyDevicePluginVersionPrefix) {
+			return true
+		}
+	}
+	return false
+}
+
+// legacySelected says whether a DaemonSet in m's namespace (kmm's, or upstream KMM's left from a
+// takeover) or a pod on the node selects on m's legacy version-device-plugin label.
+func legacySelected(m *kmmv1beta1.Module, daemonSets []appsv1.DaemonSet, pods []corev1.Pod) bool {
+	key, ok := kmmv1beta1.LegacyDevicePluginVersionLabel(m.Namespace, m.Name)
+	if !ok {
+		return false
+	}
+	for i := range daemonSets {
+		if _, on := daemonSets[i].Spec.Template.Spec.NodeSelector[key]; on && daemonSets[i].Namespace == m.Namespace {
+			return true
+		}
+	}
+	for i := range pods {
+		if _, on := pods[i].Spec.NodeSelector[key]; on && pods[i].DeletionTimestamp == nil {
+			return true
+		}
+	}
+	return false
 }
 
 func setPatch(patch map[string]any, key, before, after string) {

@@ -6,7 +6,8 @@ type NodeLabels struct {
 	Target string
 	// WorkerPod is beta.kmm.node.kubernetes.io/version-worker-pod.<ns>.<name>.
 	WorkerPod string
-	// DevicePlugin is beta.kmm.node.kubernetes.io/version-device-plugin.<ns>.<name>.
+	// DevicePlugin is beta.kmm.node.kubernetes.io/version-schedule-pod.<ns>.<name> (upstream KMM's
+	// name; before its rename, version-device-plugin: see SwitchedLabels).
 	DevicePlugin string
 }
 
@@ -53,4 +54,25 @@ func NextLabels(l NodeLabels, o Observed) NodeLabels {
 		next.WorkerPod = l.Target
 	}
 	return next
+}
+
+// SwitchedLabels returns the node's version-schedule-pod label (current) and legacy
+// version-device-plugin label (legacy) after one step of NextLabels on node labels l, for the switch
+// from the legacy name (a node taken over from an older upstream KMM or kmm):
+//
+//  1. the new label is added first, with the legacy one's value, while the node has only the legacy
+//     one: NextLabels reads the legacy value as the device-plugin label;
+//  2. the device plugin DaemonSet's selector moves once every node has both (fsm.DevicePluginVersionKey);
+//  3. the legacy label follows the new one while legacyNeeded (a DaemonSet or a pod on the node still
+//     selects on it: removing it would take their pods off the node, or have the kubelet refuse a pod
+//     it admits again), and is removed after.
+func SwitchedLabels(l NodeLabels, legacy string, o Observed, legacyNeeded bool) (current, nextLegacy string) {
+	if l.DevicePlugin == "" {
+		l.DevicePlugin = legacy
+	}
+	current = NextLabels(l, o).DevicePlugin
+	if legacyNeeded {
+		return current, current
+	}
+	return current, ""
 }

@@ -32,6 +32,10 @@ const (
 	// been Ready, for longer than the handover timeout, on some node upstream KMM's device plugin
 	// serves (the message names them); upstream's DaemonSet is kept until it is.
 	ReasonDevicePluginHandoverStuck = "DevicePluginHandoverStuck"
+	// ReasonNamespaceTerminating: the Module's namespace is being deleted (its deletion got past the
+	// namespace guard: the webhook was down or off). No worker pod can be created there any more, so
+	// the module can be neither unloaded nor loaded; the message names the nodes that still have it.
+	ReasonNamespaceTerminating = "NamespaceTerminating"
 	// ReasonAsExpected: nothing is wrong.
 	ReasonAsExpected = "AsExpected"
 )

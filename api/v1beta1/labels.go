@@ -2,8 +2,9 @@ package v1beta1
 
 import "strings"
 
-// Node label keys (SPEC §3, §7). <ns> and <name> are the Module's namespace and name; with a version set their
-// combined length is at most 39 so that every key stays a valid label key (kmmv1beta1.MaxVersionedNameLength).
+// Node label keys (SPEC §3, §7). <ns> and <name> are the Module's namespace and name; their combined
+// length is at most MaxNameLength (41) so that every key stays a valid label key: the longest,
+// beta.kmm.node.kubernetes.io/version-schedule-pod.<ns>.<name>, then has a 63-character name part.
 
 // ReadyLabel marks a node where the module is loaded; device plugin DaemonSets select on it.
 func ReadyLabel(namespace, name string) string {
@@ -46,26 +47,39 @@ func WorkerPodVersionLabel(namespace, name string) string {
 	return workerPodVersionPrefix + namespace + "." + name
 }
 
-// DevicePluginVersionLabel is the internal label saying which device plugin (or DRA driver) version
-// may run on a node.
+// DevicePluginVersionLabel is the internal label saying which version of the Module's scheduled pods
+// (its device plugin or DRA driver) may run on a node: upstream KMM's version-schedule-pod label.
 func DevicePluginVersionLabel(namespace, name string) string {
 	return devicePluginVersionPrefix + namespace + "." + name
+}
+
+// LegacyDevicePluginVersionLabel is the name DevicePluginVersionLabel had before upstream KMM renamed
+// it (beta.kmm.node.kubernetes.io/version-device-plugin.<ns>.<name>), which nodes taken over from an
+// older upstream KMM or an older kmm still carry; ok is false when the key would not be a valid label
+// key (len(namespace)+len(name) = 41), and then no node can carry it.
+func LegacyDevicePluginVersionLabel(namespace, name string) (key string, ok bool) {
+	key = LegacyDevicePluginVersionPrefix + namespace + "." + name
+	return key, len(key)-len("beta.kmm.node.kubernetes.io/") <= 63
 }
 
 // Prefixes of the label keys above, before "<ns>.<name>".
 const (
 	labelDomain               = "kmm.node.kubernetes.io/"
 	workerPodVersionPrefix    = "beta.kmm.node.kubernetes.io/version-worker-pod."
-	devicePluginVersionPrefix = "beta.kmm.node.kubernetes.io/version-device-plugin."
+	devicePluginVersionPrefix = "beta.kmm.node.kubernetes.io/version-schedule-pod."
+	// LegacyDevicePluginVersionPrefix is devicePluginVersionPrefix before upstream's rename.
+	LegacyDevicePluginVersionPrefix = "beta.kmm.node.kubernetes.io/version-device-plugin."
 )
 
 // ParseInternalVersionLabel returns the Module ("<ns>/<name>") of an internal version label key
-// (WorkerPodVersionLabel, DevicePluginVersionLabel); ok is false for any other key. A namespace
-// has no dots, so the first dot after the prefix ends it.
+// (WorkerPodVersionLabel, DevicePluginVersionLabel, LegacyDevicePluginVersionLabel); ok is false for
+// any other key. A namespace has no dots, so the first dot after the prefix ends it.
 func ParseInternalVersionLabel(key string) (module string, ok bool) {
-	rest, ok := strings.CutPrefix(key, workerPodVersionPrefix)
-	if !ok {
-		rest, ok = strings.CutPrefix(key, devicePluginVersionPrefix)
+	var rest string
+	for _, prefix := range []string{workerPodVersionPrefix, devicePluginVersionPrefix, LegacyDevicePluginVersionPrefix} {
+		if rest, ok = strings.CutPrefix(key, prefix); ok {
+			break
+		}
 	}
 	ns, name, dotted := strings.Cut(rest, ".")
 	if !ok || !dotted {
@@ -73,6 +87,11 @@ func ParseInternalVersionLabel(key string) (module string, ok bool) {
 	}
 	return ns + "/" + name, true
 }
+
+// NamespaceLabel marks a namespace that holds Modules (upstream KMM's label, set and removed by the
+// Module controller): the validating webhook refuses to delete such a namespace, because the
+// Modules' unload worker pods run in it.
+const NamespaceLabel = "kmm.node.k8s.io/contains-modules"
 
 // UpgradeSkipLabel is the node label that, when present (any value), keeps the automatic rollout of
 // spec.upgradePolicy from moving that node's version-module label; the node does not count

@@ -2,16 +2,12 @@ package v1beta1
 
 import "strings"
 
-// MaxNameLength is the longest namespace+name of any Module (upstream KMM's budget): its name ends
-// up in node label keys such as kmm.node.kubernetes.io/<namespace>.<name>.device-plugin-ready, whose
-// name part is at most 63 characters. The CRD enforces len(name) <= MaxNameLength-1 (a CEL rule sees
-// the name but not the namespace); the webhook and the controllers check the sum.
+// MaxNameLength is the longest namespace+name of any Module, with or without a version (upstream
+// KMM's budget): its name ends up in node label keys, the longest being
+// beta.kmm.node.kubernetes.io/version-schedule-pod.<namespace>.<name>, whose name part is then 63
+// characters, the most a label key may have. The CRD enforces len(name) <= MaxNameLength-1 (a CEL
+// rule sees the name but not the namespace); the webhook and the controllers check the sum.
 const MaxNameLength = 41
-
-// MaxVersionedNameLength is the longest namespace+name of a Module with a version: its name ends up in
-// node label keys such as kmm.node.kubernetes.io/version-module.<namespace>.<name>, whose name part is
-// at most 63 characters.
-const MaxVersionedNameLength = 39
 
 // DevicePluginHostPathPrefixes are the host directories a device plugin pod may mount: devices,
 // sysfs, the kubelet's device-plugin sockets (/var), vendor trees (/opt) and runtime sockets (/run).

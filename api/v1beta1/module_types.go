@@ -462,7 +462,6 @@ type ModuleStatus struct {
 // Module is a kernel module that should be loaded on the nodes its selector matches.
 //
 // +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 40",message="metadata.name may have at most 40 characters: len(namespace)+len(name) must be at most 41 because both go into node label keys"
-// +kubebuilder:validation:XValidation:rule="!has(self.spec.moduleLoader) || !has(self.spec.moduleLoader.container.version) || size(self.spec.moduleLoader.container.version) == 0 || size(self.metadata.name) <= 38",message="metadata.name may have at most 38 characters with spec.moduleLoader.container.version set: len(namespace)+len(name) must be at most 39 because both go into node label keys"
 // +kubebuilder:object:root=true
 // +kubebuilder:resource:scope=Namespaced
 // +kubebuilder:subresource:status

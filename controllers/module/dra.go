@@ -93,7 +93,7 @@ func buildDRA(ds *appsv1.DaemonSet, m *kmmv1beta1.Module, scheme *runtime.Scheme
 	if ds.Spec.Selector == nil {
 		ds.Spec.Selector = &metav1.LabelSelector{MatchLabels: map[string]string{"kmm.sigs.x-k8s.io/daemonset": ds.Name}}
 	}
-	if err := setTemplate(ds, draTemplate(ds.Name, m, labels)); err != nil {
+	if _, _, err := setTemplate(ds, draTemplate(ds.Name, m, labels)); err != nil {
 		return err
 	}
 	return controllerutil.SetControllerReference(m, ds, scheme)

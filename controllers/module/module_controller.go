@@ -88,6 +88,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&resourcev1.DeviceClass{}, handler.EnqueueRequestsFromMapFunc(deviceClassModule)).
 		Watches(&corev1.Node{}, r.nodeEvents(), builder.WithPredicates(nodeLabelsOrKernelChanged())).
 		Watches(&kmmv1beta1.NodeModulesConfig{}, nmcEvents()).
+		Watches(&corev1.Namespace{}, r.modulesOfNamespace(), builder.WithPredicates(namespaceDeletedOrRelabelled())).
 		WithOptions(controller.Options{RateLimiter: retry.Limiter()}).
 		Complete(r)
 }
@@ -224,8 +225,8 @@ func (r *Reconciler) modules(ctx context.Context) ([]kmmv1beta1.Module, bool) {
 // kmm's pairs as they load and unload (kmmv1beta1.StateLabels: ready, version.ready,
 // device-plugin-ready). No Module decision reads those but through a selector, which the
 // selects/deselects test above still catches: fsm.DecideSpec reads the selector's labels and the
-// version-worker-pod label, the device plugin DaemonSets the version-device-plugin label
-// (fsm.KeepOldDevicePlugin), the Module's status only the decisions and the NMC statuses (whose
+// version-worker-pod label, the device plugin DaemonSets the version-schedule-pod label and its legacy
+// name (fsm.KeepOldDevicePlugin, fsm.DevicePluginVersionKey), the Module's status only the decisions and the NMC statuses (whose
 // own events queue the Module). Each of them queued the Module again before (issue 22: 1,000 times
 // in a 1,000-node load for the ready label alone, and the reconcile reads every node and NMC).
 func nodeChangeRequests(modules []kmmv1beta1.Module, old, next map[string]string, kernelChanged bool) []ctrl.Request {
@@ -293,6 +294,9 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err := r.Client.Get(ctx, req.NamespacedName, m); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.statusWrites.forget(req.NamespacedName)
+			if err := r.unlabelNamespace(ctx, req.Namespace); err != nil {
+				return ctrl.Result{}, err
+			}
 			// NMC events bring the keys of their entries here: an entry of a Module that does not
 			// exist is removed after a grace (takeover.go).
 			return r.removeOrphanedEntries(ctx, req.NamespacedName)
@@ -312,6 +316,9 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, err
 	}
 	scope.started = started
+	if err := r.syncNamespace(ctx, scope); err != nil {
+		return ctrl.Result{}, err
+	}
 	scope.decide()
 	errs := r.act(ctx, scope, log)
 	scope.actedOn = errors.Join(errs...) == nil
@@ -403,6 +410,10 @@ type moduleScope struct {
 	handoverPending bool
 	handoverMessage string
 	handoverStuck   string
+	// namespace is the Module's Namespace (nil if unread); namespaceTerminating the message of a
+	// namespace being deleted ("" when it is not; namespace.go).
+	namespace            *corev1.Namespace
+	namespaceTerminating string
 	// started is when the reconcile began to read: the time of its status write for
 	// statusWriteWait, so that a reconcile an NMC change queued during the last one is not early.
 	started time.Time

@@ -63,9 +63,20 @@ func (r *Reconciler) writeStatus(ctx context.Context, s *moduleScope) (time.Dura
 	}
 	r.statusWrites.wrote(key, now)
 	if ev, ok := moduleEvent(prev, next.Conditions); ok {
-		r.Recorder.Eventf(m, nil, ev.eventType, ev.reason, "StateChanged", ev.note)
+		r.recordModuleEvent(s, ev)
 	}
 	return 0, nil
+}
+
+// recordModuleEvent records a change of the Module's summary as an Event on the Module, or on its
+// Namespace when that is being deleted: no new object, Events included, can be created in a
+// terminating namespace; the Namespace's Event (in default) is related to the Module.
+func (r *Reconciler) recordModuleEvent(s *moduleScope, ev kubeEvent) {
+	if ev.reason == kmmv1beta1.ReasonNamespaceTerminating && s.namespace != nil {
+		r.Recorder.Eventf(s.namespace, s.module, ev.eventType, ev.reason, "StateChanged", ev.note)
+		return
+	}
+	r.Recorder.Eventf(s.module, nil, ev.eventType, ev.reason, "StateChanged", ev.note)
 }
 
 // statusWriteWait is how long a changed Module status waits before it is written (0: now). A
@@ -189,7 +200,7 @@ func computeModuleStatus(s *moduleScope, daemonSets []appsv1.DaemonSet, now meta
 		c.DesiredNumber += ds.Status.DesiredNumberScheduled
 		c.AvailableNumber += ds.Status.NumberAvailable
 	}
-	problem := moduleProblem{invalid: s.invalid, refused: s.refused, handoverStuck: s.handoverStuck}
+	problem := moduleProblem{invalid: s.invalid, refused: s.refused, handoverStuck: s.handoverStuck, namespaceTerminating: s.namespaceTerminating}
 	progress, what := st.ModuleLoader, "loaded"
 	if m.Spec.DevicePluginOnly() {
 		// Nothing to load: Ready means the device plugin is available on every selected node
@@ -232,9 +243,10 @@ func pairCounts(nmc *kmmv1beta1.NodeModulesConfig, m *kmmv1beta1.Module, d fsm.S
 // moduleProblem is what is wrong with a Module itself: invalid, an object derived from it refused,
 // or the handover of upstream KMM's device plugin stuck (fsm.DecideHandover's message).
 type moduleProblem struct {
-	invalid       string
-	refused       string
-	handoverStuck string
+	invalid              string
+	refused              string
+	handoverStuck        string
+	namespaceTerminating string
 }
 
 // conditionFacts is what computeModuleStatus gathers for the Module's conditions.
@@ -279,6 +291,9 @@ func moduleConditions(in conditionFacts) []metav1.Condition {
 	case invalid != "":
 		degraded = cond(kmmv1beta1.ConditionDegraded, true, kmmv1beta1.ReasonInvalidSpec, invalid)
 		ready.Reason, ready.Message = kmmv1beta1.ReasonInvalidSpec, "the Module is invalid"
+	case in.problem.namespaceTerminating != "":
+		// The cause of the workers failing (PodRejected) that would otherwise show.
+		degraded = cond(kmmv1beta1.ConditionDegraded, true, kmmv1beta1.ReasonNamespaceTerminating, in.problem.namespaceTerminating)
 	case in.problem.refused != "":
 		degraded = cond(kmmv1beta1.ConditionDegraded, true, kmmv1beta1.ReasonObjectRefused, in.problem.refused)
 	case len(in.failing) > 0:

@@ -117,6 +117,10 @@ func WorkerPod(node string, o WorkerPodOptions, in *fsm.WorkerIntent) (*corev1.P
 			AutomountServiceAccountToken: ptr.To(false),
 			ServiceAccountName:           e.ServiceAccountName,
 			Tolerations:                  e.Tolerations,
+			// Critical, as the device plugin: the kubelet admits a critical pod on a node under disk
+			// or PID pressure (and evicts it last), so that node-pressure never blocks a load or an
+			// unload. The pressure taints are NoSchedule, which a pod bound with nodeName never meets.
+			PriorityClassName: WorkerPriorityClass,
 			Containers: []corev1.Container{{
 				Name:                     contract.ContainerName,
 				Image:                    o.Image,
@@ -131,6 +135,9 @@ func WorkerPod(node string, o WorkerPodOptions, in *fsm.WorkerIntent) (*corev1.P
 	}
 	return pod, nil
 }
+
+// WorkerPriorityClass is the priority class of worker pods (and of device plugin pods).
+const WorkerPriorityClass = "system-node-critical"
 
 // WorkerPodDeadline is the worker pod's activeDeadlineSeconds: the worker's own deadline
 // (contract.DefaultTimeout, passed as --timeout) plus a minute to start, write its result and exit.

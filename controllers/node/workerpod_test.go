@@ -44,6 +44,8 @@ func TestWorkerPodShape(t *testing.T) {
 		t.Errorf("security context %+v, want SYS_MODULE and not privileged", c.SecurityContext)
 	case pod.Spec.ServiceAccountName != "loader" || len(pod.Spec.Tolerations) != 1:
 		t.Errorf("service account %q tolerations %v", pod.Spec.ServiceAccountName, pod.Spec.Tolerations)
+	case pod.Spec.PriorityClassName != "system-node-critical":
+		t.Errorf("priority class %q: the kubelet refuses a pod that is not critical on a node under disk or PID pressure", pod.Spec.PriorityClassName)
 	case strings.Join(c.Args, " ") != "load --config /etc/kmm/config.json --cache-dir /var/lib/kmm/cache --timeout 4m0s --pull-secret /var/run/kmm/pull-secret/.dockerconfigjson":
 		t.Errorf("args %q", c.Args)
 	case pod.Annotations[contract.AnnotationAttempt] != "3" || pod.Labels[contract.LabelWorker] != "true" || pod.Labels[contract.LabelManagedBy] != contract.ManagedBy:

@@ -54,16 +54,10 @@ func Admission(m *kmmv1beta1.Module) field.ErrorList {
 
 // validateNameBudget checks that namespace and name fit in the node label keys kmm derives.
 func validateNameBudget(m *kmmv1beta1.Module) field.ErrorList {
-	n := len(m.Namespace) + len(m.Name)
-	switch {
-	case n > kmmv1beta1.MaxNameLength:
+	if n := len(m.Namespace) + len(m.Name); n > kmmv1beta1.MaxNameLength {
 		return field.ErrorList{field.Invalid(field.NewPath("metadata", "name"), m.Name, fmt.Sprintf(
 			"len(namespace)+len(name) must be at most %d because both go into node label keys; it is %d",
 			kmmv1beta1.MaxNameLength, n))}
-	case m.Spec.Version() != "" && n > kmmv1beta1.MaxVersionedNameLength:
-		return field.ErrorList{field.Invalid(field.NewPath("metadata", "name"), m.Name, fmt.Sprintf(
-			"with spec.moduleLoader.container.version set, len(namespace)+len(name) must be at most %d because both go into node label keys; it is %d",
-			kmmv1beta1.MaxVersionedNameLength, n))}
 	}
 	return nil
 }

@@ -74,14 +74,14 @@ func TestModule(t *testing.T) {
 		{"name budget: 41 bytes", func(m *kmmv1beta1.Module) { m.Namespace, m.Name = strings.Repeat("n", 20), strings.Repeat("m", 21) }, "", ""},
 		{"name budget: 42 bytes", func(m *kmmv1beta1.Module) { m.Namespace, m.Name = strings.Repeat("n", 20), strings.Repeat("m", 22) },
 			"metadata.name", "must be at most 41"},
-		{"name budget with a version: 39 bytes", func(m *kmmv1beta1.Module) {
-			m.Namespace, m.Name = strings.Repeat("n", 19), strings.Repeat("m", 20)
+		{"name budget with a version: 41 bytes (upstream's budget)", func(m *kmmv1beta1.Module) {
+			m.Namespace, m.Name = strings.Repeat("n", 20), strings.Repeat("m", 21)
 			container(m).Version = "v1"
 		}, "", ""},
-		{"name budget with a version: 40 bytes", func(m *kmmv1beta1.Module) {
-			m.Namespace, m.Name = strings.Repeat("n", 20), strings.Repeat("m", 20)
+		{"name budget with a version: 42 bytes", func(m *kmmv1beta1.Module) {
+			m.Namespace, m.Name = strings.Repeat("n", 20), strings.Repeat("m", 22)
 			container(m).Version = "v1"
-		}, "metadata.name", "with spec.moduleLoader.container.version set"},
+		}, "metadata.name", "must be at most 41"},
 
 		{"device-plugin-only Module", func(m *kmmv1beta1.Module) {
 			m.Spec.ModuleLoader = nil

@@ -51,10 +51,13 @@ func invalid(m *kmmv1beta1.Module, errs field.ErrorList) error {
 	return apierrors.NewInvalid(kmmv1beta1.GroupVersion.WithKind("Module").GroupKind(), m.Name, errs)
 }
 
-// SetupWebhooks registers every kmm validating webhook (Module, PreflightValidation) with the
-// manager's webhook server.
+// SetupWebhooks registers every kmm validating webhook (Module, PreflightValidation, the namespace
+// guard) with the manager's webhook server.
 func SetupWebhooks(mgr ctrl.Manager) error {
 	if err := SetupModuleWebhook(mgr); err != nil {
+		return err
+	}
+	if err := SetupNamespaceGuard(mgr); err != nil {
 		return err
 	}
 	return SetupPreflightWebhook(mgr)

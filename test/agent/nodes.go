@@ -28,6 +28,17 @@ type nodeState struct {
 	readySince metav1.Time
 	// loaded is the simulated kernel's modules by "<namespace>/<name>" of the Module.
 	loaded map[string]kmmv1beta1.ModuleConfig
+	// pressure are the node's pressure conditions that are True (DiskPressure, MemoryPressure,
+	// PIDPressure), with the kubelet's taints on the Node.
+	pressure map[corev1.NodeConditionType]bool
+}
+
+// pressureTaints are the taints the node lifecycle controller puts on a Node for each pressure
+// condition (TaintNodesByCondition).
+var pressureTaints = map[corev1.NodeConditionType]string{
+	corev1.NodeDiskPressure:   corev1.TaintNodeDiskPressure,
+	corev1.NodeMemoryPressure: corev1.TaintNodeMemoryPressure,
+	corev1.NodePIDPressure:    corev1.TaintNodePIDPressure,
 }
 
 // Reasons of the Ready condition the agent writes, as a kubelet does.
@@ -143,6 +154,55 @@ func (a *Agent) SetReady(ctx context.Context, node string, ready bool) error {
 	return a.writeNodeStatus(ctx, st)
 }
 
+// SetPressure puts node under (or takes it out of) a resource pressure, cond one of DiskPressure,
+// MemoryPressure and PIDPressure: the condition in the Node's status and its NoSchedule taint, as the
+// kubelet and the node lifecycle controller set them. Under pressure the agent admits worker pods as
+// the kubelet's eviction manager does: a critical pod (priority of system-cluster-critical or more)
+// always; under memory pressure alone a pod that is not BestEffort or tolerates the memory-pressure
+// taint; any other pod is rejected, Failed with reason Evicted and no container status.
+func (a *Agent) SetPressure(ctx context.Context, node string, cond corev1.NodeConditionType, on bool) error {
+	taint, ok := pressureTaints[cond]
+	if !ok {
+		return fmt.Errorf("%s is not a pressure condition", cond)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	st, err := a.managed(node)
+	if err != nil {
+		return err
+	}
+	if st.pressure == nil {
+		st.pressure = map[corev1.NodeConditionType]bool{}
+	}
+	st.pressure[cond] = on
+	if err := a.writeNodeStatus(ctx, st); err != nil {
+		return err
+	}
+	a.wakeNode(node)
+	return a.setTaint(ctx, node, corev1.Taint{Key: taint, Effect: corev1.TaintEffectNoSchedule}, on)
+}
+
+// setTaint adds or removes a taint of node.
+func (a *Agent) setTaint(ctx context.Context, name string, taint corev1.Taint, on bool) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var node corev1.Node
+		if err := a.client.Get(ctx, types.NamespacedName{Name: name}, &node); err != nil {
+			return err
+		}
+		kept := node.Spec.Taints[:0:0]
+		for _, t := range node.Spec.Taints {
+			if t.Key != taint.Key {
+				kept = append(kept, t)
+			}
+		}
+		if on {
+			kept = append(kept, taint)
+		}
+		node.Spec.Taints = kept
+		return a.client.Update(ctx, &node)
+	})
+}
+
 // BootID is the current boot ID of node, empty for a node the agent does not manage.
 func (a *Agent) BootID(node string) string {
 	a.mu.Lock()
@@ -243,8 +303,24 @@ func applyNodeStatus(s *corev1.NodeStatus, st *nodeState, now metav1.Time) {
 	if !st.ready {
 		cond.Status, cond.Reason, cond.Message = corev1.ConditionFalse, reasonNotReady, "the test said the node is not ready"
 	}
+	setCondition(s, cond)
+	for c := range st.pressure {
+		pc := corev1.NodeCondition{Type: c, Status: corev1.ConditionFalse, Reason: "KubeletHasNo" + string(c),
+			LastHeartbeatTime: now, LastTransitionTime: now}
+		if st.pressure[c] {
+			pc.Status, pc.Reason = corev1.ConditionTrue, "KubeletHas"+string(c)
+		}
+		setCondition(s, pc)
+	}
+}
+
+// setCondition replaces the condition of cond's type in s, or adds it.
+func setCondition(s *corev1.NodeStatus, cond corev1.NodeCondition) {
 	for i := range s.Conditions {
-		if s.Conditions[i].Type == corev1.NodeReady {
+		if s.Conditions[i].Type == cond.Type {
+			if s.Conditions[i].Status == cond.Status && cond.Type != corev1.NodeReady {
+				cond.LastTransitionTime = s.Conditions[i].LastTransitionTime
+			}
 			s.Conditions[i] = cond
 			return
 		}

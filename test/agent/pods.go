@@ -3,6 +3,8 @@ package agent
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -38,6 +40,7 @@ const (
 	stepConfirm                // deleted: confirm the deletion
 	stepRunning                // held or within RunDelay: show it Running
 	stepRun                    // end it with the outcome of its run
+	stepReject                 // refuse it as the kubelet's eviction manager does under pressure
 )
 
 // nextStep decides what to do with pod and returns its node; a.mu is held.
@@ -50,6 +53,9 @@ func (a *Agent) nextStep(pod *corev1.Pod) (*nodeState, podStep) {
 		return st, stepConfirm
 	case isTerminal(pod) || a.finished[pod.UID]:
 		return st, stepNone
+	}
+	if _, seen := a.seen[pod.UID]; !seen && !admitUnderPressure(st, pod) {
+		return st, stepReject
 	}
 	now := a.clock.Now()
 	first, ok := a.seen[pod.UID]
@@ -76,8 +82,72 @@ func (a *Agent) syncPod(ctx context.Context, pod *corev1.Pod) error {
 		return a.markRunning(ctx, pod)
 	case stepRun:
 		return a.runPod(ctx, st, pod)
+	case stepReject:
+		return a.rejectPod(ctx, pod)
 	}
 	return nil
+}
+
+// systemCriticalPriority is the priority from which the kubelet counts a pod critical
+// (system-cluster-critical; system-node-critical is above it).
+const systemCriticalPriority = 2000000000
+
+// admitUnderPressure is the kubelet eviction manager's admission of a new pod on a node under
+// pressure (see SetPressure).
+func admitUnderPressure(st *nodeState, pod *corev1.Pod) bool {
+	var conds []corev1.NodeConditionType
+	for c, on := range st.pressure {
+		if on {
+			conds = append(conds, c)
+		}
+	}
+	switch {
+	case len(conds) == 0, pod.Spec.Priority != nil && *pod.Spec.Priority >= systemCriticalPriority:
+		return true
+	case len(conds) == 1 && conds[0] == corev1.NodeMemoryPressure:
+		return !bestEffort(pod) || slices.ContainsFunc(pod.Spec.Tolerations, func(t corev1.Toleration) bool {
+			return (t.Key == corev1.TaintNodeMemoryPressure || t.Key == "") && t.Operator == corev1.TolerationOpExists &&
+				(t.Effect == "" || t.Effect == corev1.TaintEffectNoSchedule)
+		})
+	}
+	return false
+}
+
+// bestEffort says whether no container of pod requests or limits anything.
+func bestEffort(pod *corev1.Pod) bool {
+	for _, c := range pod.Spec.Containers {
+		if len(c.Resources.Requests) > 0 || len(c.Resources.Limits) > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// rejectPod fails pod as the kubelet does when its admission refuses it: phase Failed, reason
+// Evicted, no container ever started.
+func (a *Agent) rejectPod(ctx context.Context, pod *corev1.Pod) error {
+	a.finished[pod.UID] = true
+	_, err := a.updatePodStatus(ctx, pod, func(p *corev1.Pod) bool {
+		if isTerminal(p) {
+			return false
+		}
+		p.Status.Phase, p.Status.Reason = corev1.PodFailed, "Evicted"
+		p.Status.Message = "Pod was rejected: The node had condition: [" + pressureList(a.nodes[p.Spec.NodeName]) + "]. "
+		return true
+	})
+	return err
+}
+
+// pressureList names the pressure conditions of st that are True.
+func pressureList(st *nodeState) string {
+	var out []string
+	for c, on := range st.pressure {
+		if on {
+			out = append(out, string(c))
+		}
+	}
+	slices.Sort(out)
+	return strings.Join(out, ", ")
 }
 
 // waits says whether pod is a worker pod that the agent saw runnable but did not end: it is held

@@ -849,7 +849,7 @@ func isWorker(p *corev1.Pod, module string) bool {
 }
 
 // devicePluginVersion is the version of the Module's device plugin a pod belongs to ("" when it is
-// not one of its device plugin pods): the version-device-plugin label its node selector requires.
+// not one of its device plugin pods): the version-schedule-pod label its node selector requires.
 func devicePluginVersion(p *corev1.Pod, module string) string {
 	if p.Labels[contract.LabelDevicePlugin] != "true" || p.Labels[contract.LabelModuleName] != module {
 		return ""

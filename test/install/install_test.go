@@ -153,6 +153,17 @@ func TestInstall(t *testing.T) {
 			err := admin.Get(ctx, client.ObjectKeyFromObject(good), m)
 			return err == nil && slices.Contains(m.Finalizers, "kmm.sigs.x-k8s.io/unload"), "the operator's finalizer on the valid Module"
 		})
+		// The namespace guard, through config/default's webhook configuration (its objectSelector on
+		// the label the operator sets): the Module's namespace cannot be deleted while it holds it.
+		poll.Until(t, 30*time.Second, 100*time.Millisecond, func() (bool, string) {
+			ns := &corev1.Namespace{}
+			err := admin.Get(ctx, client.ObjectKey{Name: testNamespace}, ns)
+			_, labelled := ns.Labels[kmmv1beta1.NamespaceLabel]
+			return err == nil && labelled, "the Module's namespace labelled " + kmmv1beta1.NamespaceLabel
+		})
+		if err := admin.Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: testNamespace}}); !apierrors.IsForbidden(err) {
+			t.Fatalf("deleting the namespace of a Module: %v, want it refused", err)
+		}
 		if err := admin.Delete(ctx, good); err != nil {
 			t.Fatal(err)
 		}
@@ -639,9 +650,16 @@ func caBundle(t *testing.T, c client.Client) []byte {
 	if err := c.Get(context.Background(), client.ObjectKey{Name: webhookName}, vwc); err != nil {
 		t.Fatal(err)
 	}
-	// Two webhooks (Module, PreflightValidation), one caBundle injected into both.
-	if len(vwc.Webhooks) != 2 {
-		t.Fatalf("%s has %d webhooks, want 2", webhookName, len(vwc.Webhooks))
+	// Three webhooks (Module, the namespace guard, PreflightValidation), one caBundle injected into
+	// all; the namespace guard sees only the namespaces labelled as holding Modules.
+	if len(vwc.Webhooks) != 3 {
+		t.Fatalf("%s has %d webhooks, want 3", webhookName, len(vwc.Webhooks))
+	}
+	for _, w := range vwc.Webhooks {
+		if sel := w.ObjectSelector; w.Name == "vnamespace.kmm.sigs.x-k8s.io" && (sel == nil || len(sel.MatchExpressions) != 1 ||
+			sel.MatchExpressions[0].Key != kmmv1beta1.NamespaceLabel || sel.MatchExpressions[0].Operator != metav1.LabelSelectorOpExists) {
+			t.Fatalf("the namespace guard's objectSelector is %v, want %s Exists", sel, kmmv1beta1.NamespaceLabel)
+		}
 	}
 	for _, w := range vwc.Webhooks[1:] {
 		if !bytes.Equal(w.ClientConfig.CABundle, vwc.Webhooks[0].ClientConfig.CABundle) {
