@@ -371,7 +371,10 @@ func TestInstall(t *testing.T) {
 		}
 		a.stop()
 		b.stop()
-		poll.Until(t, 30*time.Second, 100*time.Millisecond, func() (bool, string) {
+		// kube-apiserver's CRD finalizer gives a CRD's instances up to a minute to go before it
+		// retries (apiextensions-apiserver's crd_finalizer.go); the wait is that bound and some.
+		// A CRD still there is reported with its finalizers and Terminating condition.
+		poll.Until(t, 90*time.Second, 100*time.Millisecond, func() (bool, string) {
 			for _, u := range objs {
 				if u.GetKind() != "CustomResourceDefinition" && u.GetKind() != "ValidatingWebhookConfiguration" && u.GetKind() != "Deployment" {
 					continue
@@ -379,7 +382,9 @@ func TestInstall(t *testing.T) {
 				got := &unstructured.Unstructured{}
 				got.SetGroupVersionKind(u.GroupVersionKind())
 				if err := admin.Get(ctx, client.ObjectKeyFromObject(u), got); !apierrors.IsNotFound(err) {
-					return false, fmt.Sprintf("%s %s to be gone (%v)", u.GetKind(), u.GetName(), err)
+					conds, _, _ := unstructured.NestedSlice(got.Object, "status", "conditions")
+					return false, fmt.Sprintf("%s %s to be gone (%v; finalizers %v, deleting since %v, conditions %v)", u.GetKind(), u.GetName(), err,
+						got.GetFinalizers(), got.GetDeletionTimestamp(), conds)
 				}
 			}
 			return true, ""
