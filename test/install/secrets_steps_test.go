@@ -190,6 +190,12 @@ func sampleRoleBindingIn(t *testing.T, c client.Client, namespace string) {
 	if err := c.Create(context.Background(), rb); err != nil {
 		t.Fatal(err)
 	}
+	// kube-apiserver's RBAC authorizer reads RoleBindings from its informers: a grant takes effect
+	// a moment after its create returns (the clean-clone CI run of 99c7b45 asked at once and was
+	// denied). Wait until the operator may read Secrets there, as the operator itself would retry.
+	poll.Until(t, 10*time.Second, 50*time.Millisecond, func() (bool, string) {
+		return operatorMayGetSecrets(t, c, namespace), "the RoleBinding in " + namespace + " to grant the operator get on Secrets"
+	})
 }
 
 // forbiddenEvent reports whether a Warning Event PreflightSecretForbidden regards the
