@@ -30,7 +30,8 @@ type Aim struct {
 	For time.Duration
 	// Hold is, for delay, how long the answer of a forwarded request is held back; for watch-cut,
 	// how long the replica's pod watches are refused with 410 Gone after its streams were cut (the
-	// answer of an API server that no longer has the resourceVersion a cut watch resumes from).
+	// answer of an API server that no longer has the resourceVersion a cut watch resumes from); for
+	// the restarts, how long the process stays down before it starts again (at least).
 	Hold time.Duration
 	// Into, for the restarts, kills the process before the request is forwarded instead of after
 	// it is done: the request runs into the outage (a kube-apiserver that is down: the proxy cannot
@@ -151,13 +152,13 @@ func (a *aimer) restartAround(aim Aim, p *proxy, w http.ResponseWriter, r *http.
 		return
 	}
 	if aim.Into {
-		a.restart(r.Context(), name, kind)
+		a.restart(r.Context(), name, kind, aim.Hold)
 		p.forward(w, r)
 		return
 	}
 	rec := httptest.NewRecorder()
 	p.forward(rec, r)
-	a.restart(r.Context(), name, kind)
+	a.restart(r.Context(), name, kind, aim.Hold)
 	relay(w, rec)
 }
 
@@ -227,7 +228,7 @@ func (a *aimer) holdAnswer(p *proxy, w http.ResponseWriter, r *http.Request, d t
 
 // restart kills a control-plane process now and starts it again in the background; it returns
 // once the process is dead.
-func (a *aimer) restart(ctx context.Context, name, kind string) {
+func (a *aimer) restart(ctx context.Context, name, kind string, down time.Duration) {
 	h := a.h
 	killed := make(chan struct{})
 	a.mu.Lock()
@@ -251,7 +252,7 @@ func (a *aimer) restart(ctx context.Context, name, kind string) {
 				return
 			}
 		}
-		d, err := p.restart(context.WithoutCancel(ctx), func(ctx context.Context) error {
+		d, err := p.restartAfter(context.WithoutCancel(ctx), down, func(ctx context.Context) error {
 			select {
 			case <-killed:
 			default:

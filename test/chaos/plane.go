@@ -131,10 +131,16 @@ func (r *restartable) argValue(flag string) string {
 // restart kills the process and starts it again, then waits until ready says it serves; it
 // returns how long the process was down. A start that exits (its port not free yet) is retried.
 func (r *restartable) restart(ctx context.Context, ready func(context.Context) error) (time.Duration, error) {
+	return r.restartAfter(ctx, 0, ready)
+}
+
+// restartAfter is restart with the process kept down for at least down before it starts again.
+func (r *restartable) restartAfter(ctx context.Context, down time.Duration, ready func(context.Context) error) (time.Duration, error) {
 	t0 := time.Now()
 	if err := r.kill(); err != nil {
 		return 0, err
 	}
+	time.Sleep(down)
 	for attempt := 0; attempt < 50; attempt++ {
 		if err := r.start(); err != nil {
 			return 0, err
