@@ -193,13 +193,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		_, _ = fmt.Fprintln(stderr, "worker:", err)
 		return exitUsage
 	}
-	res := execute(ctx, f, log)
+	return report(execute(ctx, f, log), f.terminationLog, "worker", stdout, stderr)
+}
+
+// report writes res as the termination message (and to stdout) and returns the exit code: failed
+// unless res succeeded, or a write failure.
+func report(res contract.Result, terminationLog, who string, stdout, stderr io.Writer) int {
 	data, err := res.Marshal()
 	if err == nil {
-		err = os.WriteFile(f.terminationLog, data, 0o644) // #nosec G306 -- the kubelet reads it; it holds no secret
+		err = os.WriteFile(terminationLog, data, 0o644) // #nosec G306 -- the kubelet reads it; it holds no secret
 	}
 	if err != nil {
-		_, _ = fmt.Fprintln(stderr, "worker: writing the result:", err)
+		_, _ = fmt.Fprintln(stderr, who+": writing the result:", err)
 		return exitResultWrite
 	}
 	_, _ = fmt.Fprintln(stdout, string(data))

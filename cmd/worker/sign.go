@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"time"
 
@@ -85,20 +84,7 @@ func runSign(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
-	res := executeSign(ctx, f, log)
-	data, err := res.Marshal()
-	if err == nil {
-		err = os.WriteFile(f.terminationLog, data, 0o644) // #nosec G306 -- the kubelet reads it; it holds no secret
-	}
-	if err != nil {
-		_, _ = fmt.Fprintln(stderr, "worker sign: writing the result:", err)
-		return exitResultWrite
-	}
-	_, _ = fmt.Fprintln(stdout, string(data))
-	if res.Outcome != contract.OutcomeSucceeded {
-		return exitFailed
-	}
-	return exitSucceeded
+	return report(executeSign(ctx, f, log), f.terminationLog, "worker sign", stdout, stderr)
 }
 
 // executeSign reads the config, the key pair and the credentials, and signs the image.
