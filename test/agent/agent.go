@@ -46,6 +46,10 @@ type Options struct {
 	Clock clock.WithTicker
 	// Log receives the errors the agent retries; the zero Logger discards them.
 	Log logr.Logger
+	// StopDelay is how long a deleted pod that is not a worker pod (a device plugin, a workload)
+	// goes on running before the agent confirms its deletion, as a kubelet first waits for its
+	// containers to stop on SIGTERM; zero confirms it at once.
+	StopDelay time.Duration
 	// Workers is how many worker pods the agent ends at once (scale tests with thousands of pods).
 	// Zero or one ends them one at a time with the agent's lock held throughout, which orders every
 	// run against Reboot, SetKernel and SetReady. Above one, the API writes of a run happen without
@@ -97,6 +101,7 @@ type Agent struct {
 	seen     map[types.UID]time.Time // when a pod was first seen runnable
 	finished map[types.UID]bool      // pods the agent ended
 	deleted  map[types.UID]bool      // pods whose deletion the agent confirmed
+	stopping map[types.UID]time.Time // when the deletion of a pod other than a worker pod was seen (StopDelay)
 	runs     []Run
 	started  bool
 }
@@ -124,7 +129,7 @@ func New(cfg *rest.Config, opts Options) (*Agent, error) {
 		waiting: podSet{},
 		outcome: opts.Outcome, hold: opts.Hold,
 		nodes: map[string]*nodeState{}, seen: map[types.UID]time.Time{},
-		finished: map[types.UID]bool{}, deleted: map[types.UID]bool{},
+		finished: map[types.UID]bool{}, deleted: map[types.UID]bool{}, stopping: map[types.UID]time.Time{},
 	}, nil
 }
 

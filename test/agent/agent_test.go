@@ -465,3 +465,46 @@ func TestReload(t *testing.T) {
 		t.Errorf("a reload whose load half failed should leave nothing loaded: %v", got)
 	}
 }
+
+// TestStopDelayKeepsADeletedPodRunning: with StopDelay, a deleted pod that is not a worker pod (a
+// device plugin) stays, Running, for StopDelay after the agent saw its deletion, then goes; without
+// it (the shared agent) it goes at once.
+func TestStopDelayKeepsADeletedPodRunning(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const stop = 700 * time.Millisecond
+	own, err := agent.New(restConfig, agent.Options{StopDelay: stop})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- own.Start(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	ns, node := namespace(t), unique(t, "own")
+	if err := own.AddNode(ctx, node, kernel, nil); err != nil {
+		t.Fatal(err)
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "device-plugin"},
+		Spec:       corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "dp", Image: "registry.example/dp:v1"}}},
+	}
+	create(t, pod)
+	running(t, pod)
+	if err := k8s.Delete(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	deleted := time.Now()
+	time.Sleep(stop / 2)
+	if err := k8s.Get(ctx, client.ObjectKeyFromObject(pod), pod); err != nil || pod.Status.Phase != corev1.PodRunning {
+		t.Fatalf("%v after its deletion, within StopDelay: err %v, phase %q; want the pod still Running", stop/2, err, pod.Status.Phase)
+	}
+	gone(t, pod, "the deletion is confirmed after StopDelay")
+	if d := time.Since(deleted); d < stop {
+		t.Errorf("the pod went %v after its deletion, before StopDelay %v", d, stop)
+	}
+}

@@ -150,14 +150,19 @@ func pressureList(st *nodeState) string {
 	return strings.Join(out, ", ")
 }
 
-// waits says whether pod is a worker pod that the agent saw runnable but did not end: it is held
-// (Options.Hold) or runs for Options.RunDelay, so it needs a look again as time passes.
+// waits says whether pod needs a look again as time passes: a worker pod that the agent saw
+// runnable but did not end (held by Options.Hold, or within Options.RunDelay), or another pod whose
+// deletion waits out Options.StopDelay.
 func (a *Agent) waits(pod *corev1.Pod) bool {
-	if !isWorkerPod(pod) || pod.DeletionTimestamp != nil || isTerminal(pod) {
-		return false
-	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if !isWorkerPod(pod) {
+		_, stopping := a.stopping[pod.UID]
+		return stopping && pod.DeletionTimestamp != nil && !a.deleted[pod.UID]
+	}
+	if pod.DeletionTimestamp != nil || isTerminal(pod) {
+		return false
+	}
 	_, seen := a.seen[pod.UID]
 	return seen && !a.finished[pod.UID]
 }
@@ -388,6 +393,9 @@ func (a *Agent) syncOtherPod(ctx context.Context, pod *corev1.Pod) error {
 		return nil
 	}
 	if pod.DeletionTimestamp != nil {
+		if a.stillStopping(pod) {
+			return nil
+		}
 		return a.deleteNow(ctx, pod)
 	}
 	if isTerminal(pod) || isReady(pod) {
@@ -417,6 +425,21 @@ func (a *Agent) syncOtherPod(ctx context.Context, pod *corev1.Pod) error {
 	return err
 }
 
+// stillStopping says whether a deleted pod that is not a worker pod is within StopDelay of the
+// agent's first sight of its deletion (a.mu held).
+func (a *Agent) stillStopping(pod *corev1.Pod) bool {
+	if a.opts.StopDelay <= 0 || a.deleted[pod.UID] {
+		return false
+	}
+	now := a.clock.Now()
+	first, ok := a.stopping[pod.UID]
+	if !ok {
+		first = now
+		a.stopping[pod.UID] = now
+	}
+	return now.Sub(first) < a.opts.StopDelay
+}
+
 // deleteNow confirms a pod's deletion with grace period 0, as a kubelet does once its containers
 // stopped; finalizers still hold it until someone removes them.
 func (a *Agent) deleteNow(ctx context.Context, pod *corev1.Pod) error {
@@ -429,6 +452,7 @@ func (a *Agent) deleteNow(ctx context.Context, pod *corev1.Pod) error {
 		return fmt.Errorf("deleting pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
 	a.deleted[pod.UID] = true
+	delete(a.stopping, pod.UID)
 	return nil
 }
 

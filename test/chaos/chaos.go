@@ -91,6 +91,9 @@ type Options struct {
 	// about two seconds, with a second between the leader's giving up and the next one's taking
 	// over, as controller-runtime's defaults of 15 s, 10 s and 2 s keep several).
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	// StopDelay is how long the simulated kubelet keeps a deleted device plugin (or workload) pod
+	// running before it confirms the deletion (agent.Options.StopDelay; default 0: at once).
+	StopDelay time.Duration
 	// Replicas is the number of manager replicas (default 2): a, b, c, ...
 	Replicas int
 	// LeaderKills is the share of manager kills aimed at the Lease holder (default 1/3); the others
@@ -317,7 +320,7 @@ func (h *harness) setUp(ctx context.Context) (func(), error) {
 	if err := h.watch.start(ctx, cfg); err != nil {
 		return cleanup, err
 	}
-	if h.agent, err = agent.New(cfg, agent.Options{}); err != nil {
+	if h.agent, err = agent.New(cfg, agent.Options{StopDelay: h.o.StopDelay}); err != nil {
 		return cleanup, err
 	}
 	go func() { _ = h.agent.Start(ctx) }()
