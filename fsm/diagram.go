@@ -2,9 +2,9 @@ package fsm
 
 import (
 	"fmt"
-	"regexp"
-	"sort"
 	"strings"
+
+	"github.com/kmm-project/kmm/internal/statediagram"
 )
 
 // StateDescriptions explain each state in one paragraph; the diagrams README shows them.
@@ -60,46 +60,11 @@ var StateDescriptions = map[State]string{
 }
 
 // DOT returns the machine as Graphviz DOT, from stateless's ToGraph, with edges in a stable order.
-func DOT() string {
-	lines := strings.Split(newMachine(Absent).ToGraph(), "\n")
-	var edgesAt []int
-	for i, l := range lines {
-		if edgeLine.MatchString(l) {
-			edgesAt = append(edgesAt, i)
-		}
-	}
-	sorted := make([]string, len(edgesAt))
-	for i, at := range edgesAt {
-		sorted[i] = lines[at]
-	}
-	sort.Strings(sorted)
-	for i, at := range edgesAt {
-		lines[at] = sorted[i]
-	}
-	return strings.Join(lines, "\n")
-}
+func DOT() string { return statediagram.DOT(newMachine(Absent).ToGraph()) }
 
-var (
-	edgeLine  = regexp.MustCompile(`^\t(\w+) -> (\w+) \[label=<(.*)>\];$`)
-	edgeLabel = regexp.MustCompile(`<TD ALIGN="LEFT">([^<]*)</TD>`)
-)
-
-// Mermaid returns the machine as a Mermaid state diagram, read from the same DOT output so that
-// both diagrams always show the same configuration.
-func Mermaid() string {
-	var b strings.Builder
-	b.WriteString("stateDiagram-v2\n    [*] --> Absent\n")
-	for _, l := range strings.Split(DOT(), "\n") {
-		m := edgeLine.FindStringSubmatch(l)
-		if m == nil {
-			continue
-		}
-		for _, label := range edgeLabel.FindAllStringSubmatch(m[3], -1) {
-			fmt.Fprintf(&b, "    %s --> %s: %s\n", m[1], m[2], label[1])
-		}
-	}
-	return b.String()
-}
+// Mermaid returns the machine as a Mermaid state diagram, read from the DOT output so that both
+// diagrams always show the same configuration.
+func Mermaid() string { return statediagram.Mermaid(DOT(), string(Absent)) }
 
 // DiagramsREADME returns docs/state-diagrams/README.md: the Mermaid diagram and a paragraph per state.
 func DiagramsREADME() string {

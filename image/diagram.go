@@ -2,9 +2,9 @@ package image
 
 import (
 	"fmt"
-	"regexp"
-	"sort"
 	"strings"
+
+	"github.com/kmm-project/kmm/internal/statediagram"
 )
 
 // StateDescriptions explain each state in one paragraph; docs/state-diagrams/image.md shows them.
@@ -37,46 +37,11 @@ var StateDescriptions = map[State]string{
 }
 
 // DOT returns the machine as Graphviz DOT, from stateless's ToGraph, with edges in a stable order.
-func DOT() string {
-	lines := strings.Split(NewMachine(Edges()).sm.ToGraph(), "\n")
-	var at []int
-	for i, l := range lines {
-		if edgeLine.MatchString(l) {
-			at = append(at, i)
-		}
-	}
-	sorted := make([]string, len(at))
-	for i, j := range at {
-		sorted[i] = lines[j]
-	}
-	sort.Strings(sorted)
-	for i, j := range at {
-		lines[j] = sorted[i]
-	}
-	return strings.Join(lines, "\n")
-}
-
-var (
-	edgeLine  = regexp.MustCompile(`^\t(\w+) -> (\w+) \[label=<(.*)>\];$`)
-	edgeLabel = regexp.MustCompile(`<TD ALIGN="LEFT">([^<]*)</TD>`)
-)
+func DOT() string { return statediagram.DOT(NewMachine(Edges()).sm.ToGraph()) }
 
 // Mermaid returns the machine as a Mermaid state diagram, read from the DOT output so that both
 // diagrams always show the same configuration.
-func Mermaid() string {
-	var b strings.Builder
-	b.WriteString("stateDiagram-v2\n    [*] --> Checking\n")
-	for _, l := range strings.Split(DOT(), "\n") {
-		m := edgeLine.FindStringSubmatch(l)
-		if m == nil {
-			continue
-		}
-		for _, label := range edgeLabel.FindAllStringSubmatch(m[3], -1) {
-			fmt.Fprintf(&b, "    %s --> %s: %s\n", m[1], m[2], label[1])
-		}
-	}
-	return b.String()
-}
+func Mermaid() string { return statediagram.Mermaid(DOT(), string(Checking)) }
 
 // DiagramMarkdown returns docs/state-diagrams/image.md: the Mermaid diagram and a paragraph per state.
 func DiagramMarkdown() string {
