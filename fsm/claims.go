@@ -59,3 +59,11 @@ func requirementHolds(r corev1.NodeSelectorRequirement, v string, present bool) 
 	}
 	return true
 }
+
+// MayUnload says whether the pair may unload in this step or soon, the only time ResourceClaims
+// are a fact of its decision (the reconciler reads them then, Facts.Claims): it may drain
+// (Facts.MayDrain), it unloads, or it loads with a config still recorded (a reload).
+func (f *Facts) MayUnload() bool {
+	st := f.Status.State
+	return f.MayDrain() || st == Unloading || st == UnloadBackOff || (st == Loading && f.Status.Config != nil)
+}

@@ -41,6 +41,12 @@ var exploreSpecs = []exploreSpec{
 		depth: 3,
 	},
 	{
+		cfg: worldConfig{name: "1 node x 2 Modules with DRA drivers (ResourceClaims, drain)", nodes: []string{"n0"}, modules: []string{modPlain, modVersion},
+			kernels: []string{kernelA, kernelB, kernelNoMap}, drain: true, history: 2, dra: true},
+		roots: []startingWorld{rootClaimed, rootUpgradeAsked},
+		depth: 3,
+	},
+	{
 		cfg: worldConfig{name: "1 node x 1 plain Module without a device plugin (image bumps reload)", nodes: []string{"n0"}, modules: []string{modPlain},
 			kernels: []string{kernelA, kernelB, kernelNoMap}, history: 2, plainWithoutDevicePlugin: true},
 		roots: []startingWorld{rootAllLoaded, rootBumped, rootLoadsFailing},

@@ -21,11 +21,13 @@ import (
 )
 
 // This file is a model of the cluster: nodes with a kernel that really has modules loaded or not,
-// Modules, NMCs, worker pods, device plugin pods, workload pods an upgrade drains, and the
-// controllers, driven by the real decision code (DecideSpec, Step, upgrade.NextLabels) and the real
+// Modules, NMCs, worker pods, device plugin or DRA driver pods, ResourceClaims allocated with a DRA
+// driver's devices, workload pods an upgrade drains, and the controllers, driven by the real decision code (DecideSpec, Step, upgrade.NextLabels) and the real
 // state machine. Two drivers share it and its actions (actions_test.go): rapid samples random
 // interleavings (property_test.go), the explorer walks every interleaving of a small world up to a
-// depth (explore_test.go). The invariants of SPEC §4 are checked after every step.
+// depth (explore_test.go). The invariants of SPEC §4 are checked after every step, and the claims
+// property of issue 36: no unload or reload pod is created or runs for a Module on a node where a
+// ResourceClaim of its DRA driver is allocated, and no drain evicts that driver there.
 
 const (
 	kernelA     = "6.1.0-56-cloud-amd64"
@@ -57,6 +59,10 @@ type worldConfig struct {
 	// plainWithoutDevicePlugin gives the plain Module no device plugin: its image bumps are one
 	// reload worker each, with the ready label kept (issue 22).
 	plainWithoutDevicePlugin bool
+	// dra gives the Modules that have a device plugin a DRA driver (spec.dra) instead: its pods run
+	// where a device plugin's would, and ResourceClaims of its devices may be allocated on the
+	// nodes where it runs (issue 36).
+	dra bool
 }
 
 // rapidConfig is the world rapid samples: three nodes, both Modules, the versioned one draining,
@@ -87,6 +93,7 @@ type faults struct {
 	reloadIgnoresDevicePlugin bool // the NMC decision does not see the device plugin pod when the spec's config changed (a reload beside it)
 	reloadUnloadsNewConfig    bool // a reload pod's unload half is given the new config instead of the loaded one
 	drainSeesKMMPodsAsWork    bool // the drain takes kmm's worker pods for workloads (before the fix of issue 34)
+	unloadIgnoresClaims       bool // the NMC decision never sees the ResourceClaims allocated on the node (Facts.Claims)
 }
 
 type simNode struct {
@@ -175,13 +182,16 @@ type world struct {
 	refused    map[string]CreateRefusal  // refused pods by node/module, as the reconciler remembers them
 	workloads  map[string]*simWorkload   // by node
 	kmmCordon  map[string]string         // nodes whose cordon kmm made, with the pair's module
-	fired      []Edge                    // transitions made since the driver last looked
+	// claims are the ResourceClaims allocated with devices of a Module's DRA driver, by node/module
+	// (one stands for any number: the decision reads whether there are some).
+	claims map[string]bool
+	fired  []Edge // transitions made since the driver last looked
 }
 
 func newWorld(cfg *worldConfig, f faults) *world {
 	w := &world{cfg: cfg, faults: f, now: t0, nodes: map[string]*simNode{}, modules: map[string]*simModule{},
 		nmcs: map[string]*simNMC{}, pods: map[string]*simPod{}, dpPods: map[string]bool{}, attempts: map[string]*attemptRecord{},
-		refused: map[string]CreateRefusal{}, workloads: map[string]*simWorkload{}, kmmCordon: map[string]string{}}
+		refused: map[string]CreateRefusal{}, workloads: map[string]*simWorkload{}, kmmCordon: map[string]string{}, claims: map[string]bool{}}
 	for i, n := range cfg.nodes {
 		w.nodes[n] = &simNode{labels: map[string]string{"role": "worker"}, ready: true, kernel: kernelA, boot: 1,
 			readySince: t0.Add(-time.Hour), loaded: map[string]kmmv1beta1.ModuleConfig{}}
@@ -247,6 +257,7 @@ func (w *world) clone() *world {
 		c.workloads[n] = &cp
 	}
 	c.kmmCordon = maps.Clone(w.kmmCordon)
+	c.claims = maps.Clone(w.claims)
 	c.fired = nil
 	return &c
 }
@@ -318,7 +329,11 @@ func (w *world) moduleObject(key string) *kmmv1beta1.Module {
 			DevicePlugin: &kmmv1beta1.DevicePluginSpec{Container: kmmv1beta1.DevicePluginContainerSpec{Image: "reg.example.com/dp:1"}},
 		},
 	}
-	if !w.hasDevicePlugin(key) {
+	switch {
+	case !w.hasDevicePlugin(key):
+		m.Spec.DevicePlugin = nil
+	case w.hasDRA(key):
+		m.Spec.DRA = &kmmv1beta1.DRASpec{Container: m.Spec.DevicePlugin.Container, DriverName: name + ".example.com"}
 		m.Spec.DevicePlugin = nil
 	}
 	if key == modVersion && (w.cfg.drain || w.cfg.automatic) {
@@ -335,6 +350,11 @@ func (w *world) moduleObject(key string) *kmmv1beta1.Module {
 // hasDevicePlugin says whether the Module has a device plugin.
 func (w *world) hasDevicePlugin(key string) bool {
 	return key != modPlain || !w.cfg.plainWithoutDevicePlugin
+}
+
+// hasDRA says whether the Module runs a DRA driver (in place of its device plugin).
+func (w *world) hasDRA(key string) bool {
+	return w.cfg.dra && w.hasDevicePlugin(key)
 }
 
 // drainPolicy is the versioned Module's upgradePolicy.drain (nil without one).
@@ -376,6 +396,7 @@ type specQuestion struct {
 	key, version, broken, node, kernel, boot string
 	gen, maxUnavailable                      int
 	ready, unschedulable, drain, automatic   bool
+	dra                                      bool
 	labels                                   [2]uint64
 	faulty                                   bool // asked by a world with the seeded fault specReadsNodeStatus
 }
@@ -388,7 +409,8 @@ var specStatusBlind sync.Map
 func (w *world) specQuestion(key string, v NodeView) specQuestion {
 	sm := w.modules[key]
 	q := specQuestion{key: key, version: sm.version, broken: sm.broken, node: v.Name, kernel: v.KernelVersion, boot: v.BootID,
-		gen: sm.gen, ready: v.Ready, unschedulable: v.Unschedulable, drain: w.cfg.drain, automatic: w.cfg.automatic, maxUnavailable: w.cfg.maxUnavailable}
+		gen: sm.gen, ready: v.Ready, unschedulable: v.Unschedulable, drain: w.cfg.drain, automatic: w.cfg.automatic, maxUnavailable: w.cfg.maxUnavailable,
+		dra: w.hasDRA(key)}
 	for k, val := range v.Labels {
 		for i, seed := range labelSeeds {
 			q.labels[i] += maphash.String(seed, k)*0x9e3779b97f4a7c15 ^ maphash.String(seed, val)
@@ -561,6 +583,10 @@ func (w *world) facts(node, key string, nmc simNMC, snap *snapshot) Facts {
 	f.SpecWrittenByKMM = f.Spec != nil // the model's spec entries are all kmm's; no upstream worker pods
 	f.DevicePluginRunning = w.dpPods[node+"/"+key]
 	f.DevicePluginConfigured = w.hasDevicePlugin(key)
+	if w.hasDRA(key) && f.MayUnload() && w.claims[node+"/"+key] {
+		// Read uncached, as the reconciler reads them, and only while the pair may unload.
+		f.Claims = []string{"app/claim-" + node}
+	}
 	if r, ok := w.refused[node+"/"+key]; ok {
 		f.CreateRefused = &r
 	}
@@ -622,13 +648,14 @@ func (w *world) drainFacts(node, key string, f *Facts) {
 		f.Drain.Pods = []WorkloadPod{{Namespace: "app", Name: "workload-" + node, UID: "workload-" + node,
 			PDBProtected: wl.pdb, Terminating: wl.terminating, Finalizers: wl.finalizer}}
 	}
-	f.Drain.Pods = append(f.Drain.Pods, w.kmmPodsOn(node)...)
+	f.Drain.Pods = append(f.Drain.Pods, w.kmmPodsOn(node, key)...)
 }
 
-// kmmPodsOn are kmm's own pods on the node as a drain with an empty podSelector reads them: the
-// worker pods of every Module and the device plugin pods (a DaemonSet's), in name order. The drain
-// must never touch one (executeDrain checks it).
-func (w *world) kmmPodsOn(node string) []WorkloadPod {
+// kmmPodsOn are kmm's own pods on the node as the drain of Module drained reads them (its
+// podSelector is empty): the worker pods of every Module and the device plugin or DRA driver pods
+// (a DaemonSet's), in name order. The drain must never touch one (executeDrain checks it), but the
+// drained Module's own DRA driver pod, which it evicts last.
+func (w *world) kmmPodsOn(node, drained string) []WorkloadPod {
 	var out []WorkloadPod
 	for _, p := range w.pods {
 		if p.node == node && p.phase == PodRunning {
@@ -638,12 +665,22 @@ func (w *world) kmmPodsOn(node string) []WorkloadPod {
 	}
 	for k, on := range w.dpPods {
 		if n, key, _ := strings.Cut(k, "/"); on && n == node {
-			ns, name := splitKey(key)
-			out = append(out, WorkloadPod{Namespace: ns, Name: name + "-device-plugin-" + node, CreatedByKMM: true, DaemonSet: true})
+			ns, _ := splitKey(key)
+			out = append(out, WorkloadPod{Namespace: ns, Name: w.pluginPodName(node, key), CreatedByKMM: true, DaemonSet: true,
+				OwnDRADriver: key == drained && w.hasDRA(key)})
 		}
 	}
 	slices.SortFunc(out, func(a, b WorkloadPod) int { return strings.Compare(a.Name, b.Name) })
 	return out
+}
+
+// pluginPodName is the name of the Module's device plugin or DRA driver pod on the node.
+func (w *world) pluginPodName(node, key string) string {
+	_, name := splitKey(key)
+	if w.hasDRA(key) {
+		return name + "-dra-" + node
+	}
+	return name + "-device-plugin-" + node
 }
 
 func (w *world) applyNMCFaults(f *Facts) {
@@ -652,6 +689,9 @@ func (w *world) applyNMCFaults(f *Facts) {
 	}
 	if w.faults.unloadIgnoresDevicePlugin {
 		f.DevicePluginRunning = false
+	}
+	if w.faults.unloadIgnoresClaims {
+		f.Claims = nil
 	}
 	if w.faults.reloadIgnoresDevicePlugin && f.DevicePluginRunning {
 		// Blind to the device plugin pod only where that blindness makes a reload.
@@ -744,7 +784,14 @@ func (w *world) executeDrain(node, key string, p Plan) bool {
 	}
 	refused := d.Cordon && !w.patchCordon(node, key, true)
 	for _, p := range slices.Concat(d.Evict, d.Delete, d.StripFinalizers) {
-		if p.Name != "workload-"+node {
+		switch {
+		case p.Name == "workload-"+node:
+		case p.Name == w.pluginPodName(node, key) && w.hasDRA(key):
+			if w.claims[node+"/"+key] {
+				w.violate("claims: the drain of %s on %s evicts its DRA driver while a ResourceClaim of its devices is allocated there", key, node)
+			}
+			delete(w.dpPods, node+"/"+key) // the DaemonSet controller puts it back while its labels select the node
+		default:
 			w.violate("drain: the drain of %s on %s touches %s/%s, a pod kmm created", key, node, p.Namespace, p.Name)
 		}
 	}
@@ -804,6 +851,9 @@ func (w *world) createPod(node, key, name string, in *WorkerIntent) {
 	}
 	if in.Action != contract.ActionLoad && w.dpPods[node+"/"+key] {
 		w.violate("invariant 6: %s pod for %s created on %s while its device plugin pod runs", in.Action, key, node)
+	}
+	if in.Action != contract.ActionLoad && w.claims[node+"/"+key] {
+		w.violate("claims: %s pod for %s created on %s while a ResourceClaim of its DRA driver is allocated there", in.Action, key, node)
 	}
 	w.checkReloadIntent(node, key, in)
 	if cur, ok := sn.loaded[key]; ok && in.Action == contract.ActionLoad && !equality.Semantic.DeepEqual(cur, in.Entry.Config) {
@@ -948,7 +998,8 @@ func (w *world) reconcileLabels(node string) {
 	}
 	in := upgrade.NodeLabels{Target: sn.labels[kmmv1beta1.ModuleVersionLabel(ns, name)], WorkerPod: sn.labels[kmmv1beta1.WorkerPodVersionLabel(ns, name)],
 		DevicePlugin: sn.labels[kmmv1beta1.DevicePluginVersionLabel(ns, name)]}
-	out := upgrade.NextLabels(in, upgrade.Observed{DevicePluginPodOnNode: w.dpPods[node+"/"+modVersion], LoadedVersion: loadedVersion, Loaded: st.State == Loaded})
+	out := upgrade.NextLabels(in, upgrade.Observed{DevicePluginPodOnNode: w.dpPods[node+"/"+modVersion], LoadedVersion: loadedVersion, Loaded: st.State == Loaded,
+		DRA: w.hasDRA(modVersion)})
 	setLabel(sn.labels, kmmv1beta1.WorkerPodVersionLabel(ns, name), out.WorkerPod, out.WorkerPod != "")
 	setLabel(sn.labels, kmmv1beta1.DevicePluginVersionLabel(ns, name), out.DevicePlugin, out.DevicePlugin != "")
 }
@@ -1060,6 +1111,9 @@ func (w *world) check() {
 		if p.action != contract.ActionLoad && p.phase == PodRunning && w.dpPods[p.node+"/"+p.module] {
 			w.violate("invariant 6: %s pod of %s running on %s next to its device plugin pod", p.action, p.module, p.node)
 		}
+		if p.action != contract.ActionLoad && p.phase == PodRunning && w.claims[p.node+"/"+p.module] {
+			w.violate("claims: %s pod of %s running on %s while a ResourceClaim of its DRA driver is allocated there", p.action, p.module, p.node)
+		}
 	}
 	for _, pair := range slices.Sorted(maps.Keys(perPair)) {
 		if n := perPair[pair]; n > 1 {
@@ -1115,9 +1169,11 @@ func (w *world) checkRecord(node, key string, st kmmv1beta1.NodeModuleStatus) {
 
 // stopEvents ends the events: the API server accepts everything, nodes are Ready, the user's
 // cordons are lifted (kmm's are kmm's to lift), and the version-module labels the user set ask for
-// the Module's version.
+// the Module's version, and the ResourceClaims are released (a claim that stays holds its pair for
+// good, by design: convergence is asked of a world whose workloads end).
 func (w *world) stopEvents() {
 	w.conflict, w.refuse, w.refuseNode = false, false, false
+	clear(w.claims) // the workloads using them end; the resource claim controller deallocates them
 	ns, name := splitKey(modVersion)
 	for n, sn := range w.nodes {
 		if !sn.ready {
