@@ -43,7 +43,7 @@ var exploreSpecs = []exploreSpec{
 	{
 		cfg: worldConfig{name: "1 node x 2 Modules with DRA drivers (ResourceClaims, drain)", nodes: []string{"n0"}, modules: []string{modPlain, modVersion},
 			kernels: []string{kernelA, kernelB, kernelNoMap}, drain: true, history: 2, dra: true},
-		roots: []startingWorld{rootClaimed, rootUpgradeAsked},
+		roots: []startingWorld{rootClaimed, rootAllLoaded, rootReloading, rootUpgradeAsked, rootUpgrading},
 		depth: 3,
 	},
 	{
@@ -501,7 +501,10 @@ func (w *world) summary() string {
 				p += fmt.Sprintf(" pod=%s#%d:%s", pod.action, pod.attempt, pod.phase)
 			}
 			if w.dpPods[n+"/"+key] {
-				p += " dp"
+				p += map[bool]string{false: " dp", true: " dra"}[w.hasDRA(key)]
+			}
+			if w.claims[n+"/"+key] {
+				p += " claim"
 			}
 			pairs = append(pairs, p)
 		}

@@ -27,7 +27,11 @@ import (
 // interleavings (property_test.go), the explorer walks every interleaving of a small world up to a
 // depth (explore_test.go). The invariants of SPEC §4 are checked after every step, and the claims
 // property of issue 36: no unload or reload pod is created or runs for a Module on a node where a
-// ResourceClaim of its DRA driver is allocated, and no drain evicts that driver there.
+// ResourceClaim of its DRA driver is allocated; while the module is in that node's kernel, no
+// reconcile takes away the ready label that keeps the driver there, no drain evicts the driver and
+// its DaemonSet does not go. (A claim allocated after the label went, before the DaemonSet
+// controller took the driver away, is a race no decision can close: the scheduler may allocate
+// from the ResourceSlices the driver published until it is gone. The unload still waits for it.)
 
 const (
 	kernelA     = "6.1.0-56-cloud-amd64"
@@ -94,6 +98,8 @@ type faults struct {
 	reloadUnloadsNewConfig    bool // a reload pod's unload half is given the new config instead of the loaded one
 	drainSeesKMMPodsAsWork    bool // the drain takes kmm's worker pods for workloads (before the fix of issue 34)
 	unloadIgnoresClaims       bool // the NMC decision never sees the ResourceClaims allocated on the node (Facts.Claims)
+	draDriverGoesWithModule   bool // a DRA driver's DaemonSets go as soon as the Module is being deleted (before the fix of issue 36)
+	readyIgnoresClaims        bool // the ready label (the DRA driver's) is decided as if no ResourceClaim were allocated
 }
 
 type simNode struct {
@@ -489,8 +495,20 @@ func (w *world) reconcileNMC(node string, age int) {
 	newStatus := map[string]kmmv1beta1.NodeModuleStatus{}
 	plans := map[string]Plan{}
 	for _, key := range slices.Sorted(maps.Keys(keys)) {
-		r := Step(w.facts(node, key, nmc, snap))
+		f := w.facts(node, key, nmc, snap)
+		r := Step(f)
 		w.applyResultFaults(&r)
+		if w.faults.readyIgnoresClaims && len(f.Claims) > 0 && r.Status != nil {
+			f.Claims = nil
+			r.Plan.Ready = Step(f).Plan.Ready
+		}
+		if undecidedUpstream(&r) {
+			// NodeLabels leaves the labels of a record upstream KMM left as they are until Step
+			// decided on it.
+			ns, name := splitKey(key)
+			labels := w.nodes[node].labels
+			r.Plan.Ready, r.Plan.VersionReady = hasLabel(labels, kmmv1beta1.ReadyLabel(ns, name)), labels[kmmv1beta1.VersionReadyLabel(ns, name)]
+		}
 		for _, tr := range r.Fired {
 			w.fired = append(w.fired, Edge{From: tr.From, Trigger: Trigger(tr.Trigger), To: tr.To})
 		}
@@ -745,6 +763,10 @@ func (w *world) relabels(node, key string, p Plan) bool {
 func (w *world) execute(node, key string, p Plan, snap *snapshot) bool {
 	sn := w.nodes[node]
 	ns, name := splitKey(key)
+	_, inKernel := sn.loaded[key]
+	if hasLabel(sn.labels, kmmv1beta1.ReadyLabel(ns, name)) && !p.Ready && w.hasDRA(key) && w.claims[node+"/"+key] && inKernel {
+		w.violate("claims: the ready label of %s on %s, which keeps its DRA driver there, goes while the module is loaded and a ResourceClaim of its devices is allocated", key, node)
+	}
 	setLabel(sn.labels, kmmv1beta1.ReadyLabel(ns, name), "", p.Ready)
 	setLabel(sn.labels, kmmv1beta1.VersionReadyLabel(ns, name), p.VersionReady, p.VersionReady != "")
 	nodeRefused := w.executeDrain(node, key, p)
@@ -1051,15 +1073,21 @@ func (w *world) reconcileDaemonSets(node string) {
 	sn := w.nodes[node]
 	for _, key := range w.cfg.modules {
 		ns, name := splitKey(key)
-		want := w.modules[key].exists && w.hasDevicePlugin(key) && hasLabel(sn.labels, kmmv1beta1.ReadyLabel(ns, name))
+		// A DRA driver's DaemonSets stay while its Module is being deleted (until the finalizer
+		// lets it go); a device plugin's go at once.
+		kept := w.modules[key].exists || (w.hasDRA(key) && !w.faults.draDriverGoesWithModule && !w.released(key))
+		selected := w.hasDevicePlugin(key) && hasLabel(sn.labels, kmmv1beta1.ReadyLabel(ns, name))
 		if key == modVersion {
-			want = want && sn.labels[kmmv1beta1.DevicePluginVersionLabel(ns, name)] != ""
+			selected = selected && sn.labels[kmmv1beta1.DevicePluginVersionLabel(ns, name)] != ""
 		}
-		if want {
+		if kept && selected {
 			w.dpPods[node+"/"+key] = true
-		} else {
-			delete(w.dpPods, node+"/"+key)
+			continue
 		}
+		if selected && w.dpPods[node+"/"+key] && w.claims[node+"/"+key] {
+			w.violate("claims: the DRA driver of %s leaves %s with its DaemonSet while a ResourceClaim of its devices is allocated there", key, node)
+		}
+		delete(w.dpPods, node+"/"+key)
 	}
 }
 

@@ -214,6 +214,8 @@ var seededFaults = []struct {
 	// Issue 36: an allocated ResourceClaim of the Module's DRA driver holds the unload (and the
 	// driver) until it is released.
 	{"the NMC decision ignores allocated ResourceClaims", faults{unloadIgnoresClaims: true}, "claims: "},
+	{"a DRA driver goes with its Module being deleted", faults{draDriverGoesWithModule: true}, "claims: the DRA driver"},
+	{"the ready label ignores allocated ResourceClaims", faults{readyIgnoresClaims: true}, "claims: the ready label"},
 }
 
 // FuzzModel runs the same property as TestModelInvariants from fuzzer-chosen inputs.
