@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -147,6 +148,26 @@ var modelActions = []action{
 		}
 		guarded := c.oneOf("kind", []string{"plain", "guarded"}) == "guarded"
 		w.workloads[n] = &simWorkload{pdb: guarded, finalizer: guarded}
+	}},
+	// ResourceClaims. ClaimAllocated is kube-scheduler allocating a claim of a Module's DRA driver
+	// on a node where the driver runs (it publishes the node's devices); ClaimReleased is the
+	// resource claim controller deallocating one once no pod uses it.
+	{name: "ClaimAllocated", in: func(cfg *worldConfig) bool { return cfg.dra }, run: func(w *world, c chooser) {
+		var where []string
+		for k, on := range w.dpPods {
+			if _, key, _ := strings.Cut(k, "/"); on && !w.claims[k] && w.hasDRA(key) {
+				where = append(where, k)
+			}
+		}
+		slices.Sort(where)
+		if k := c.oneOf("driver", where); k != "" {
+			w.claims[k] = true
+		}
+	}},
+	{name: "ClaimReleased", in: func(cfg *worldConfig) bool { return cfg.dra }, run: func(w *world, c chooser) {
+		if k := c.oneOf("claim", sortedKeys(w.claims)); k != "" {
+			delete(w.claims, k)
+		}
 	}},
 	// Worker pods.
 	{name: "WorkerSucceeds", run: func(w *world, c chooser) {
@@ -389,6 +410,15 @@ var (
 				w.writeNMC(n).status = next
 			}
 		}}
+	rootClaimed = startingWorld{name: "claimed: settled, then a ResourceClaim allocated on every node where a DRA driver runs",
+		build: func(w *world) {
+			w.settle(maxSettleRounds)
+			for k, on := range w.dpPods {
+				if _, key, _ := strings.Cut(k, "/"); on && w.hasDRA(key) {
+					w.claims[k] = true
+				}
+			}
+		}}
 	rootUpgradeAsked = startingWorld{name: "settled at v1, then the Module bumped to v2", build: func(w *world) {
 		w.settle(maxSettleRounds)
 		w.bumpVersion()
@@ -480,7 +510,7 @@ func (s startingWorld) start(cfg *worldConfig, f faults) *world {
 var startingWorldsBuilt sync.Map
 
 // startingWorlds are the worlds rapid's interleavings start from.
-var startingWorlds = []startingWorld{rootFresh, rootAllLoaded, rootLoadsFailing, rootReloading, rootUnloading, rootBumped, rootUpgradeAsked, rootUpgrading, rootFromUpstream}
+var startingWorlds = []startingWorld{rootFresh, rootAllLoaded, rootLoadsFailing, rootReloading, rootUnloading, rootBumped, rootUpgradeAsked, rootUpgrading, rootFromUpstream, rootClaimed}
 
 // rapidChooser draws the choices with rapid.
 type rapidChooser struct{ t *rapid.T }

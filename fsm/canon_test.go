@@ -187,6 +187,8 @@ func (w *world) hash() stateHash {
 		c.flag(p.hung)
 	})
 	sortedRange(w.dpPods, func(k string, _ bool) { c.str(k) })
+	c.b = append(c.b, '|')
+	sortedRange(w.claims, func(k string, _ bool) { c.str(k) })
 	c.b = append(c.b, '#')
 	for _, s := range w.history[:len(w.history)-1] {
 		for _, n := range w.cfg.nodes {
@@ -250,6 +252,7 @@ func (w *world) fingerprint() string {
 		c.str(string(p.phase))
 	})
 	c.num(int64(len(w.dpPods)))
+	c.num(int64(len(w.claims)))
 	return string(c.b)
 }
 

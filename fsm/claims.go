@@ -59,3 +59,20 @@ func requirementHolds(r corev1.NodeSelectorRequirement, v string, present bool) 
 	}
 	return true
 }
+
+// MayUnload says whether the pair may unload in this step or soon, or take its DRA driver away, the
+// only times ResourceClaims are a fact of its decision (the reconciler reads them then,
+// Facts.Claims): it may drain (Facts.MayDrain), or it has a config recorded and is not simply
+// Loaded (unloading, loading again, backing off), or it is Loaded and a Ready transition is about
+// to have it load again.
+func (f *Facts) MayUnload() bool {
+	return f.MayDrain() || (f.Status.Config != nil && (f.state() != Loaded || f.readyNewerThanWorker()))
+}
+
+// claimsKeepDriver says whether allocated ResourceClaims of the Module's DRA driver keep the ready
+// label, which the driver's DaemonSet selects: the module is in the kernel as far as the record
+// says (a config recorded for the node's kernel, no boot since) and no unload is under way. The
+// kubelet needs the driver to unprepare the claims (upstream KMM's issue 1332).
+func (f *Facts) claimsKeepDriver() bool {
+	return len(f.Claims) > 0 && f.statusKernelMatches() && !f.rebootedByBootID() && f.state() != Unloading
+}

@@ -83,6 +83,43 @@ func TestClaimsStopAReload(t *testing.T) {
 	check(t, f, want{state: DevicePluginDraining, ready: true})
 }
 
+// TestClaimsKeepTheDriverThroughAFlap: a Ready transition after the last worker run has the loaded
+// config loaded again (seed 000's rule 5); with a claim of the DRA driver allocated on the node the
+// ready label, which its DaemonSet selects, stays through that load (the module stays in the
+// kernel), without a claim it goes as for a device plugin, and after a reboot (a new boot ID) it
+// goes whatever the claims: the kernel lost the module.
+func TestClaimsKeepTheDriverThroughAFlap(t *testing.T) {
+	e := entry(k1, "r/m:1", "")
+	for _, tc := range []struct {
+		name            string
+		claims          []string
+		bootID          string
+		wantReady, read bool
+	}{
+		{"a claim, same boot", claimHeld, "b1", true, true},
+		{"no claim", nil, "b1", false, true},
+		{"a claim, rebooted", claimHeld, "b2", false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := readyNode(k1)
+			n.ReadySince, n.BootID = t0.Add(-time.Second), tc.bootID // after the last worker run
+			f := facts(e, loaded(Loaded, e), n)
+			f.DevicePluginRunning, f.DevicePluginConfigured = true, true
+			if f.MayUnload() != tc.read {
+				t.Fatalf("MayUnload %v: the reconciler would not read the claims", f.MayUnload())
+			}
+			f.Claims = tc.claims
+			r := check(t, f, want{state: Loading, create: contract.ActionLoad, ready: tc.wantReady})
+			// The next reconcile, the load pod running: the same.
+			f.Status, f.Worker = *r.Status, Worker{Phase: PodRunning, Action: contract.ActionLoad, Entry: *e, EntryKnown: true, Created: t0}
+			if !f.MayUnload() {
+				f.Claims = nil // not read (after a reboot no config is recorded any more)
+			}
+			check(t, f, want{state: Loading, ready: tc.wantReady})
+		})
+	}
+}
+
 // TestUnloadWorkerWaitsForClaims: an Unloading pair (entered before the claim was seen) makes no
 // unload worker while a claim is allocated.
 func TestUnloadWorkerWaitsForClaims(t *testing.T) {

@@ -41,6 +41,12 @@ var exploreSpecs = []exploreSpec{
 		depth: 3,
 	},
 	{
+		cfg: worldConfig{name: "1 node x 2 Modules with DRA drivers (ResourceClaims, drain)", nodes: []string{"n0"}, modules: []string{modPlain, modVersion},
+			kernels: []string{kernelA, kernelB, kernelNoMap}, drain: true, history: 2, dra: true},
+		roots: []startingWorld{rootClaimed, rootAllLoaded, rootReloading, rootUpgradeAsked, rootUpgrading},
+		depth: 3,
+	},
+	{
 		cfg: worldConfig{name: "1 node x 1 plain Module without a device plugin (image bumps reload)", nodes: []string{"n0"}, modules: []string{modPlain},
 			kernels: []string{kernelA, kernelB, kernelNoMap}, history: 2, plainWithoutDevicePlugin: true},
 		roots: []startingWorld{rootAllLoaded, rootBumped, rootLoadsFailing},
@@ -495,7 +501,10 @@ func (w *world) summary() string {
 				p += fmt.Sprintf(" pod=%s#%d:%s", pod.action, pod.attempt, pod.phase)
 			}
 			if w.dpPods[n+"/"+key] {
-				p += " dp"
+				p += map[bool]string{false: " dp", true: " dra"}[w.hasDRA(key)]
+			}
+			if w.claims[n+"/"+key] {
+				p += " claim"
 			}
 			pairs = append(pairs, p)
 		}

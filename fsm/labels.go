@@ -20,9 +20,9 @@ func readyLabels(f *Facts) (bool, string) {
 	if f.state() == Loaded {
 		return true, f.loadedVersion()
 	}
-	if f.state() == DevicePluginDraining && len(f.Claims) > 0 && f.statusKernelMatches() {
-		// The DRA driver's DaemonSet selects the ready label: the driver stays while claims it
-		// prepared are allocated, for the kubelet to unprepare them (upstream KMM's issue 1332).
+	if f.claimsKeepDriver() {
+		// The driver stays while claims it prepared are allocated: before an unload, while a load
+		// runs or backs off with the module still in the kernel (claimsKeepDriver).
 		return true, ""
 	}
 	return f.state() == Loading && f.reloadable() && !f.DevicePluginConfigured, ""

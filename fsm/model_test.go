@@ -21,11 +21,17 @@ import (
 )
 
 // This file is a model of the cluster: nodes with a kernel that really has modules loaded or not,
-// Modules, NMCs, worker pods, device plugin pods, workload pods an upgrade drains, and the
-// controllers, driven by the real decision code (DecideSpec, Step, upgrade.NextLabels) and the real
+// Modules, NMCs, worker pods, device plugin or DRA driver pods, ResourceClaims allocated with a DRA
+// driver's devices, workload pods an upgrade drains, and the controllers, driven by the real decision code (DecideSpec, Step, upgrade.NextLabels) and the real
 // state machine. Two drivers share it and its actions (actions_test.go): rapid samples random
 // interleavings (property_test.go), the explorer walks every interleaving of a small world up to a
-// depth (explore_test.go). The invariants of SPEC §4 are checked after every step.
+// depth (explore_test.go). The invariants of SPEC §4 are checked after every step, and the claims
+// property of issue 36: no unload or reload pod is created or runs for a Module on a node where a
+// ResourceClaim of its DRA driver is allocated; while the module is in that node's kernel, no
+// reconcile takes away the ready label that keeps the driver there, no drain evicts the driver and
+// its DaemonSet does not go. (A claim allocated after the label went, before the DaemonSet
+// controller took the driver away, is a race no decision can close: the scheduler may allocate
+// from the ResourceSlices the driver published until it is gone. The unload still waits for it.)
 
 const (
 	kernelA     = "6.1.0-56-cloud-amd64"
@@ -57,6 +63,10 @@ type worldConfig struct {
 	// plainWithoutDevicePlugin gives the plain Module no device plugin: its image bumps are one
 	// reload worker each, with the ready label kept (issue 22).
 	plainWithoutDevicePlugin bool
+	// dra gives the Modules that have a device plugin a DRA driver (spec.dra) instead: its pods run
+	// where a device plugin's would, and ResourceClaims of its devices may be allocated on the
+	// nodes where it runs (issue 36).
+	dra bool
 }
 
 // rapidConfig is the world rapid samples: three nodes, both Modules, the versioned one draining,
@@ -87,6 +97,9 @@ type faults struct {
 	reloadIgnoresDevicePlugin bool // the NMC decision does not see the device plugin pod when the spec's config changed (a reload beside it)
 	reloadUnloadsNewConfig    bool // a reload pod's unload half is given the new config instead of the loaded one
 	drainSeesKMMPodsAsWork    bool // the drain takes kmm's worker pods for workloads (before the fix of issue 34)
+	unloadIgnoresClaims       bool // the NMC decision never sees the ResourceClaims allocated on the node (Facts.Claims)
+	draDriverGoesWithModule   bool // a DRA driver's DaemonSets go as soon as the Module is being deleted (before the fix of issue 36)
+	readyIgnoresClaims        bool // the ready label (the DRA driver's) is decided as if no ResourceClaim were allocated
 }
 
 type simNode struct {
@@ -175,13 +188,16 @@ type world struct {
 	refused    map[string]CreateRefusal  // refused pods by node/module, as the reconciler remembers them
 	workloads  map[string]*simWorkload   // by node
 	kmmCordon  map[string]string         // nodes whose cordon kmm made, with the pair's module
-	fired      []Edge                    // transitions made since the driver last looked
+	// claims are the ResourceClaims allocated with devices of a Module's DRA driver, by node/module
+	// (one stands for any number: the decision reads whether there are some).
+	claims map[string]bool
+	fired  []Edge // transitions made since the driver last looked
 }
 
 func newWorld(cfg *worldConfig, f faults) *world {
 	w := &world{cfg: cfg, faults: f, now: t0, nodes: map[string]*simNode{}, modules: map[string]*simModule{},
 		nmcs: map[string]*simNMC{}, pods: map[string]*simPod{}, dpPods: map[string]bool{}, attempts: map[string]*attemptRecord{},
-		refused: map[string]CreateRefusal{}, workloads: map[string]*simWorkload{}, kmmCordon: map[string]string{}}
+		refused: map[string]CreateRefusal{}, workloads: map[string]*simWorkload{}, kmmCordon: map[string]string{}, claims: map[string]bool{}}
 	for i, n := range cfg.nodes {
 		w.nodes[n] = &simNode{labels: map[string]string{"role": "worker"}, ready: true, kernel: kernelA, boot: 1,
 			readySince: t0.Add(-time.Hour), loaded: map[string]kmmv1beta1.ModuleConfig{}}
@@ -247,6 +263,7 @@ func (w *world) clone() *world {
 		c.workloads[n] = &cp
 	}
 	c.kmmCordon = maps.Clone(w.kmmCordon)
+	c.claims = maps.Clone(w.claims)
 	c.fired = nil
 	return &c
 }
@@ -318,7 +335,11 @@ func (w *world) moduleObject(key string) *kmmv1beta1.Module {
 			DevicePlugin: &kmmv1beta1.DevicePluginSpec{Container: kmmv1beta1.DevicePluginContainerSpec{Image: "reg.example.com/dp:1"}},
 		},
 	}
-	if !w.hasDevicePlugin(key) {
+	switch {
+	case !w.hasDevicePlugin(key):
+		m.Spec.DevicePlugin = nil
+	case w.hasDRA(key):
+		m.Spec.DRA = &kmmv1beta1.DRASpec{Container: m.Spec.DevicePlugin.Container, DriverName: name + ".example.com"}
 		m.Spec.DevicePlugin = nil
 	}
 	if key == modVersion && (w.cfg.drain || w.cfg.automatic) {
@@ -335,6 +356,11 @@ func (w *world) moduleObject(key string) *kmmv1beta1.Module {
 // hasDevicePlugin says whether the Module has a device plugin.
 func (w *world) hasDevicePlugin(key string) bool {
 	return key != modPlain || !w.cfg.plainWithoutDevicePlugin
+}
+
+// hasDRA says whether the Module runs a DRA driver (in place of its device plugin).
+func (w *world) hasDRA(key string) bool {
+	return w.cfg.dra && w.hasDevicePlugin(key)
 }
 
 // drainPolicy is the versioned Module's upgradePolicy.drain (nil without one).
@@ -376,6 +402,7 @@ type specQuestion struct {
 	key, version, broken, node, kernel, boot string
 	gen, maxUnavailable                      int
 	ready, unschedulable, drain, automatic   bool
+	dra                                      bool
 	labels                                   [2]uint64
 	faulty                                   bool // asked by a world with the seeded fault specReadsNodeStatus
 }
@@ -388,7 +415,8 @@ var specStatusBlind sync.Map
 func (w *world) specQuestion(key string, v NodeView) specQuestion {
 	sm := w.modules[key]
 	q := specQuestion{key: key, version: sm.version, broken: sm.broken, node: v.Name, kernel: v.KernelVersion, boot: v.BootID,
-		gen: sm.gen, ready: v.Ready, unschedulable: v.Unschedulable, drain: w.cfg.drain, automatic: w.cfg.automatic, maxUnavailable: w.cfg.maxUnavailable}
+		gen: sm.gen, ready: v.Ready, unschedulable: v.Unschedulable, drain: w.cfg.drain, automatic: w.cfg.automatic, maxUnavailable: w.cfg.maxUnavailable,
+		dra: w.hasDRA(key)}
 	for k, val := range v.Labels {
 		for i, seed := range labelSeeds {
 			q.labels[i] += maphash.String(seed, k)*0x9e3779b97f4a7c15 ^ maphash.String(seed, val)
@@ -467,8 +495,20 @@ func (w *world) reconcileNMC(node string, age int) {
 	newStatus := map[string]kmmv1beta1.NodeModuleStatus{}
 	plans := map[string]Plan{}
 	for _, key := range slices.Sorted(maps.Keys(keys)) {
-		r := Step(w.facts(node, key, nmc, snap))
+		f := w.facts(node, key, nmc, snap)
+		r := Step(f)
 		w.applyResultFaults(&r)
+		if w.faults.readyIgnoresClaims && len(f.Claims) > 0 && r.Status != nil {
+			f.Claims = nil
+			r.Plan.Ready = Step(f).Plan.Ready
+		}
+		if undecidedUpstream(&r) {
+			// NodeLabels leaves the labels of a record upstream KMM left as they are until Step
+			// decided on it.
+			ns, name := splitKey(key)
+			labels := w.nodes[node].labels
+			r.Plan.Ready, r.Plan.VersionReady = hasLabel(labels, kmmv1beta1.ReadyLabel(ns, name)), labels[kmmv1beta1.VersionReadyLabel(ns, name)]
+		}
 		for _, tr := range r.Fired {
 			w.fired = append(w.fired, Edge{From: tr.From, Trigger: Trigger(tr.Trigger), To: tr.To})
 		}
@@ -561,6 +601,10 @@ func (w *world) facts(node, key string, nmc simNMC, snap *snapshot) Facts {
 	f.SpecWrittenByKMM = f.Spec != nil // the model's spec entries are all kmm's; no upstream worker pods
 	f.DevicePluginRunning = w.dpPods[node+"/"+key]
 	f.DevicePluginConfigured = w.hasDevicePlugin(key)
+	if w.hasDRA(key) && f.MayUnload() && w.claims[node+"/"+key] {
+		// Read uncached, as the reconciler reads them, and only while the pair may unload.
+		f.Claims = []string{"app/claim-" + node}
+	}
 	if r, ok := w.refused[node+"/"+key]; ok {
 		f.CreateRefused = &r
 	}
@@ -622,13 +666,14 @@ func (w *world) drainFacts(node, key string, f *Facts) {
 		f.Drain.Pods = []WorkloadPod{{Namespace: "app", Name: "workload-" + node, UID: "workload-" + node,
 			PDBProtected: wl.pdb, Terminating: wl.terminating, Finalizers: wl.finalizer}}
 	}
-	f.Drain.Pods = append(f.Drain.Pods, w.kmmPodsOn(node)...)
+	f.Drain.Pods = append(f.Drain.Pods, w.kmmPodsOn(node, key)...)
 }
 
-// kmmPodsOn are kmm's own pods on the node as a drain with an empty podSelector reads them: the
-// worker pods of every Module and the device plugin pods (a DaemonSet's), in name order. The drain
-// must never touch one (executeDrain checks it).
-func (w *world) kmmPodsOn(node string) []WorkloadPod {
+// kmmPodsOn are kmm's own pods on the node as the drain of Module drained reads them (its
+// podSelector is empty): the worker pods of every Module and the device plugin or DRA driver pods
+// (a DaemonSet's), in name order. The drain must never touch one (executeDrain checks it), but the
+// drained Module's own DRA driver pod, which it evicts last.
+func (w *world) kmmPodsOn(node, drained string) []WorkloadPod {
 	var out []WorkloadPod
 	for _, p := range w.pods {
 		if p.node == node && p.phase == PodRunning {
@@ -638,12 +683,22 @@ func (w *world) kmmPodsOn(node string) []WorkloadPod {
 	}
 	for k, on := range w.dpPods {
 		if n, key, _ := strings.Cut(k, "/"); on && n == node {
-			ns, name := splitKey(key)
-			out = append(out, WorkloadPod{Namespace: ns, Name: name + "-device-plugin-" + node, CreatedByKMM: true, DaemonSet: true})
+			ns, _ := splitKey(key)
+			out = append(out, WorkloadPod{Namespace: ns, Name: w.pluginPodName(node, key), CreatedByKMM: true, DaemonSet: true,
+				OwnDRADriver: key == drained && w.hasDRA(key)})
 		}
 	}
 	slices.SortFunc(out, func(a, b WorkloadPod) int { return strings.Compare(a.Name, b.Name) })
 	return out
+}
+
+// pluginPodName is the name of the Module's device plugin or DRA driver pod on the node.
+func (w *world) pluginPodName(node, key string) string {
+	_, name := splitKey(key)
+	if w.hasDRA(key) {
+		return name + "-dra-" + node
+	}
+	return name + "-device-plugin-" + node
 }
 
 func (w *world) applyNMCFaults(f *Facts) {
@@ -652,6 +707,9 @@ func (w *world) applyNMCFaults(f *Facts) {
 	}
 	if w.faults.unloadIgnoresDevicePlugin {
 		f.DevicePluginRunning = false
+	}
+	if w.faults.unloadIgnoresClaims {
+		f.Claims = nil
 	}
 	if w.faults.reloadIgnoresDevicePlugin && f.DevicePluginRunning {
 		// Blind to the device plugin pod only where that blindness makes a reload.
@@ -705,6 +763,10 @@ func (w *world) relabels(node, key string, p Plan) bool {
 func (w *world) execute(node, key string, p Plan, snap *snapshot) bool {
 	sn := w.nodes[node]
 	ns, name := splitKey(key)
+	_, inKernel := sn.loaded[key]
+	if hasLabel(sn.labels, kmmv1beta1.ReadyLabel(ns, name)) && !p.Ready && w.hasDRA(key) && w.claims[node+"/"+key] && inKernel {
+		w.violate("claims: the ready label of %s on %s, which keeps its DRA driver there, goes while the module is loaded and a ResourceClaim of its devices is allocated", key, node)
+	}
 	setLabel(sn.labels, kmmv1beta1.ReadyLabel(ns, name), "", p.Ready)
 	setLabel(sn.labels, kmmv1beta1.VersionReadyLabel(ns, name), p.VersionReady, p.VersionReady != "")
 	nodeRefused := w.executeDrain(node, key, p)
@@ -744,7 +806,14 @@ func (w *world) executeDrain(node, key string, p Plan) bool {
 	}
 	refused := d.Cordon && !w.patchCordon(node, key, true)
 	for _, p := range slices.Concat(d.Evict, d.Delete, d.StripFinalizers) {
-		if p.Name != "workload-"+node {
+		switch {
+		case p.Name == "workload-"+node:
+		case p.Name == w.pluginPodName(node, key) && w.hasDRA(key):
+			if w.claims[node+"/"+key] {
+				w.violate("claims: the drain of %s on %s evicts its DRA driver while a ResourceClaim of its devices is allocated there", key, node)
+			}
+			delete(w.dpPods, node+"/"+key) // the DaemonSet controller puts it back while its labels select the node
+		default:
 			w.violate("drain: the drain of %s on %s touches %s/%s, a pod kmm created", key, node, p.Namespace, p.Name)
 		}
 	}
@@ -804,6 +873,9 @@ func (w *world) createPod(node, key, name string, in *WorkerIntent) {
 	}
 	if in.Action != contract.ActionLoad && w.dpPods[node+"/"+key] {
 		w.violate("invariant 6: %s pod for %s created on %s while its device plugin pod runs", in.Action, key, node)
+	}
+	if in.Action != contract.ActionLoad && w.claims[node+"/"+key] {
+		w.violate("claims: %s pod for %s created on %s while a ResourceClaim of its DRA driver is allocated there", in.Action, key, node)
 	}
 	w.checkReloadIntent(node, key, in)
 	if cur, ok := sn.loaded[key]; ok && in.Action == contract.ActionLoad && !equality.Semantic.DeepEqual(cur, in.Entry.Config) {
@@ -948,7 +1020,8 @@ func (w *world) reconcileLabels(node string) {
 	}
 	in := upgrade.NodeLabels{Target: sn.labels[kmmv1beta1.ModuleVersionLabel(ns, name)], WorkerPod: sn.labels[kmmv1beta1.WorkerPodVersionLabel(ns, name)],
 		DevicePlugin: sn.labels[kmmv1beta1.DevicePluginVersionLabel(ns, name)]}
-	out := upgrade.NextLabels(in, upgrade.Observed{DevicePluginPodOnNode: w.dpPods[node+"/"+modVersion], LoadedVersion: loadedVersion, Loaded: st.State == Loaded})
+	out := upgrade.NextLabels(in, upgrade.Observed{DevicePluginPodOnNode: w.dpPods[node+"/"+modVersion], LoadedVersion: loadedVersion, Loaded: st.State == Loaded,
+		DRA: w.hasDRA(modVersion)})
 	setLabel(sn.labels, kmmv1beta1.WorkerPodVersionLabel(ns, name), out.WorkerPod, out.WorkerPod != "")
 	setLabel(sn.labels, kmmv1beta1.DevicePluginVersionLabel(ns, name), out.DevicePlugin, out.DevicePlugin != "")
 }
@@ -1000,15 +1073,21 @@ func (w *world) reconcileDaemonSets(node string) {
 	sn := w.nodes[node]
 	for _, key := range w.cfg.modules {
 		ns, name := splitKey(key)
-		want := w.modules[key].exists && w.hasDevicePlugin(key) && hasLabel(sn.labels, kmmv1beta1.ReadyLabel(ns, name))
+		// A DRA driver's DaemonSets stay while its Module is being deleted (until the finalizer
+		// lets it go); a device plugin's go at once.
+		kept := w.modules[key].exists || (w.hasDRA(key) && !w.faults.draDriverGoesWithModule && !w.released(key))
+		selected := w.hasDevicePlugin(key) && hasLabel(sn.labels, kmmv1beta1.ReadyLabel(ns, name))
 		if key == modVersion {
-			want = want && sn.labels[kmmv1beta1.DevicePluginVersionLabel(ns, name)] != ""
+			selected = selected && sn.labels[kmmv1beta1.DevicePluginVersionLabel(ns, name)] != ""
 		}
-		if want {
+		if kept && selected {
 			w.dpPods[node+"/"+key] = true
-		} else {
-			delete(w.dpPods, node+"/"+key)
+			continue
 		}
+		if selected && w.dpPods[node+"/"+key] && w.claims[node+"/"+key] {
+			w.violate("claims: the DRA driver of %s leaves %s with its DaemonSet while a ResourceClaim of its devices is allocated there", key, node)
+		}
+		delete(w.dpPods, node+"/"+key)
 	}
 }
 
@@ -1059,6 +1138,9 @@ func (w *world) check() {
 		perPair[p.node+"/"+p.module]++
 		if p.action != contract.ActionLoad && p.phase == PodRunning && w.dpPods[p.node+"/"+p.module] {
 			w.violate("invariant 6: %s pod of %s running on %s next to its device plugin pod", p.action, p.module, p.node)
+		}
+		if p.action != contract.ActionLoad && p.phase == PodRunning && w.claims[p.node+"/"+p.module] {
+			w.violate("claims: %s pod of %s running on %s while a ResourceClaim of its DRA driver is allocated there", p.action, p.module, p.node)
 		}
 	}
 	for _, pair := range slices.Sorted(maps.Keys(perPair)) {
@@ -1115,9 +1197,11 @@ func (w *world) checkRecord(node, key string, st kmmv1beta1.NodeModuleStatus) {
 
 // stopEvents ends the events: the API server accepts everything, nodes are Ready, the user's
 // cordons are lifted (kmm's are kmm's to lift), and the version-module labels the user set ask for
-// the Module's version.
+// the Module's version, and the ResourceClaims are released (a claim that stays holds its pair for
+// good, by design: convergence is asked of a world whose workloads end).
 func (w *world) stopEvents() {
 	w.conflict, w.refuse, w.refuseNode = false, false, false
+	clear(w.claims) // the workloads using them end; the resource claim controller deallocates them
 	ns, name := splitKey(modVersion)
 	for n, sn := range w.nodes {
 		if !sn.ready {

@@ -155,6 +155,7 @@ func runModel(f faults) func(*rapid.T) {
 	return func(t *rapid.T) {
 		cfg := rapidConfig(rapid.Bool().Draw(t, "automatic rollout"))
 		cfg.plainWithoutDevicePlugin = rapid.Bool().Draw(t, "plain Module without a device plugin")
+		cfg.dra = rapid.Bool().Draw(t, "DRA drivers in place of device plugins")
 		start := startingWorlds[rapid.IntRange(0, len(startingWorlds)-1).Draw(t, "starting world")]
 		w := start.start(&cfg, f)
 		defer func() { rapidCoverage.add(w.fired) }()
@@ -171,8 +172,8 @@ func runModel(f faults) func(*rapid.T) {
 }
 
 // modelChecks are the prefixes of the messages of the model's checks: the invariants of SPEC §4,
-// the drain's and the back-off's properties.
-var modelChecks = []string{"invariant ", "drain: ", "back-off: "}
+// the drain's, the back-off's and the claims' properties.
+var modelChecks = []string{"invariant ", "drain: ", "back-off: ", "claims: "}
 
 // seededFaults are the broken controllers the property test and the explorer must catch, with the
 // check (a prefix of its message) the explorer's shortest counterexample fails on; the property
@@ -210,6 +211,11 @@ var seededFaults = []struct {
 	{"a reload unloads the new config", faults{reloadUnloadsNewConfig: true}, "invariant 6: reload pod"},
 	// Issue 34: a drain with an empty podSelector evicted the worker pods of other Modules.
 	{"the drain evicts kmm's worker pods", faults{drainSeesKMMPodsAsWork: true}, "drain: the drain of"},
+	// Issue 36: an allocated ResourceClaim of the Module's DRA driver holds the unload (and the
+	// driver) until it is released.
+	{"the NMC decision ignores allocated ResourceClaims", faults{unloadIgnoresClaims: true}, "claims: "},
+	{"a DRA driver goes with its Module being deleted", faults{draDriverGoesWithModule: true}, "claims: the DRA driver"},
+	{"the ready label ignores allocated ResourceClaims", faults{readyIgnoresClaims: true}, "claims: the ready label"},
 }
 
 // FuzzModel runs the same property as TestModelInvariants from fuzzer-chosen inputs.

@@ -8,8 +8,10 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -81,6 +83,60 @@ func TestDRAOrderedUpgradeUnderClaim(t *testing.T) {
 	}
 	if !w.evicted() {
 		t.Fatalf("the v1 DRA driver pod was not evicted by the upgrade drain")
+	}
+	if w.unloads() == 0 {
+		t.Fatalf("the watch saw no unload pod: it is not watching")
+	}
+}
+
+// TestDRADeleteUnderClaim: a Module with spec.dra deleted while a ResourceClaim of its driver is
+// allocated on the node keeps its driver pod there (the kubelet needs it to unprepare the claim) and
+// unloads nothing until the claim is released; then the driver goes, the module is unloaded, the
+// Module and its DaemonSet are gone.
+func TestDRADeleteUnderClaim(t *testing.T) {
+	cluster.StartOperator(t)
+	tb := cluster.NewBed(t, 1, testbed.KernelA)
+	n := tb.Nodes[0]
+	w := watchDRA(t, tb.NS)
+	class := tb.NS + ".gpu.example.com"
+	m := tb.Module("nic")
+	m.Spec.DRA = &kmmv1beta1.DRASpec{Container: kmmv1beta1.DevicePluginContainerSpec{Image: "reg.example.com/nic-dra:1"},
+		DriverName: "gpu.example.com", DeviceClasses: []kmmv1beta1.DeviceClassSpec{{Name: class}}}
+	tb.Create(m)
+	tb.WaitLoaded("nic", "reg.example.com/nic:a", n)
+	waitDRADriver(t, tb.NS, "nic-dra", n)
+
+	claim := allocateClaim(t, tb.NS, n, class)
+	w.setClaim(true)
+	if err := k8s.Delete(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	testbed.Eventually(t, 30*time.Second, func() (bool, string) {
+		st := cluster.PairStatus(n, tb.NS, "nic")
+		return st != nil && st.State == fsm.DevicePluginDraining && st.Reason == string(fsm.ClaimsAllocated),
+			fmt.Sprintf("the pair waiting for the claim, it is %+v", st)
+	})
+	// The DaemonSet controller acts within a second of a change: give the operator's reconciles of
+	// the deletion (the Module's and the node's) a claim poll to take the driver away if they would.
+	for end := time.Now().Add(fsm.ClaimsPoll + time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		if !w.driverOn(n, "nic-dra") {
+			t.Fatalf("the DRA driver left while a claim of its devices is allocated; violations %v", w.violations())
+		}
+	}
+
+	w.setClaim(false)
+	releaseClaim(t, claim)
+	testbed.Eventually(t, 30*time.Second, func() (bool, string) {
+		err := k8s.Get(context.Background(), client.ObjectKeyFromObject(m), &kmmv1beta1.Module{})
+		return apierrors.IsNotFound(err), fmt.Sprintf("the Module: %v", err)
+	})
+	testbed.Eventually(t, 30*time.Second, func() (bool, string) {
+		list := &appsv1.DaemonSetList{}
+		_ = k8s.List(context.Background(), list, client.InNamespace(tb.NS))
+		return len(list.Items) == 0, fmt.Sprintf("%d DaemonSets left", len(list.Items))
+	})
+	if v := w.violations(); len(v) > 0 {
+		t.Fatalf("violations: %v", v)
 	}
 	if w.unloads() == 0 {
 		t.Fatalf("the watch saw no unload pod: it is not watching")

@@ -48,8 +48,8 @@ func DRATemplate(m *kmmv1beta1.Module) corev1.PodTemplateSpec {
 }
 
 // syncDRA keeps the Module's DRA driver DaemonSets and DeviceClasses: the wanted DaemonSet, an
-// older version's while nodes are still labelled for it, none once the Module is being deleted or
-// has no spec.dra; upstream KMM's DRA driver DaemonSet goes first (takeover.go's words: two drivers
+// older version's while nodes are still labelled for it, none once the Module has no spec.dra, and
+// every one it has while the Module is being deleted (none is created then); upstream KMM's DRA driver DaemonSet goes first (takeover.go's words: two drivers
 // of one name on a node would both register with the kubelet).
 func (r *Reconciler) syncDRA(ctx context.Context, s *moduleScope) error {
 	m := s.module
@@ -78,6 +78,13 @@ func (r *Reconciler) syncDRA(ctx context.Context, s *moduleScope) error {
 	}
 	for i := range list.Items {
 		ds := &list.Items[i]
+		if !m.DeletionTimestamp.IsZero() {
+			// Kept while the Module is being deleted: its pod leaves a node when the NMC controller
+			// takes the ready label away there, which waits for the ResourceClaims of the driver's
+			// devices on the node (the kubelet needs the driver to unprepare them); the garbage
+			// collector deletes the DaemonSet with the Module.
+			continue
+		}
 		if ds.Name != want && !fsm.KeepOldDevicePlugin(m, ds.Spec.Template.Spec.NodeSelector, nodeLabels) {
 			errs = append(errs, client.IgnoreNotFound(r.Client.Delete(ctx, ds)))
 		}

@@ -23,11 +23,11 @@ const (
 )
 
 // claimFacts are the ResourceClaims that hold back the unload of a pair whose Module has a DRA
-// driver (fsm.ClaimHoldsNode), read (uncached, once per reconcile) only while the pair may unload:
-// it is draining or may start to (fsm.Facts.MayDrain), or unloading.
+// driver (fsm.ClaimHoldsNode), read (uncached, once per reconcile) only while the pair may unload
+// (fsm.Facts.MayUnload).
 func (r *NMCReconciler) claimFacts(ctx context.Context, f *nodeFacts, key string, facts *fsm.Facts) ([]string, error) {
 	driver := f.drivers[key]
-	if driver == "" || r.APIReader == nil || !mayUnload(facts) {
+	if driver == "" || r.APIReader == nil || !facts.MayUnload() {
 		return nil, nil
 	}
 	if f.claims == nil {
@@ -51,13 +51,6 @@ func (r *NMCReconciler) claimFacts(ctx context.Context, f *nodeFacts, key string
 		out = out[:fsm.MaxClaimsListed]
 	}
 	return out, nil
-}
-
-// mayUnload says whether the pair may unload in this step or soon: it may drain
-// (fsm.Facts.MayDrain), it unloads, or it loads with a config still recorded (a reload).
-func mayUnload(facts *fsm.Facts) bool {
-	st := facts.Status.State
-	return facts.MayDrain() || st == fsm.Unloading || st == fsm.UnloadBackOff || (st == fsm.Loading && facts.Status.Config != nil)
 }
 
 // readClaims lists every ResourceClaim, page by page, up to the bound; complete is false when more remain.

@@ -37,10 +37,12 @@ var sysctls = []string{
 // directory (a constant of the kubelet), the container log links, and what kmm's worker pods mount
 // (cache, firmware, and /lib/modules, which containerd creates as an empty directory for a hostPath
 // volume whose path is missing, as on this host: a worker pod of a real node's shape run here shows
-// as a changed host). Cleanup removes those that did not exist before Start.
+// as a changed host), and what kmm's DRA driver pods mount (/var/lib/kubelet/plugins and
+// plugins_registry, /var/run/cdi, that is /run/cdi). Cleanup removes those that did not exist
+// before Start.
 var hostPaths = []string{
 	"/var/lib/cni", "/run/containerd", "/var/lib/kubelet", "/var/log/containers", "/var/log/pods",
-	"/opt/containerd", "/run/netns", "/var/lib/kmm", contract.DefaultFirmwareHostPath, "/lib/modules",
+	"/opt/containerd", "/run/netns", "/var/lib/kmm", contract.DefaultFirmwareHostPath, "/lib/modules", "/run/cdi",
 }
 
 // daemonBinaries are the executables Cleanup may stop: only processes running one of them whose

@@ -48,7 +48,7 @@ const (
 )
 
 // kernelModules are the kernel module names in the kmod images, per Module.
-var kernelModules = map[string]string{modKmod: "kmm_e2e", modRestart: "kmm_e2e_restart", modLate: "kmm_e2e_late"}
+var kernelModules = map[string]string{modKmod: "kmm_e2e", modRestart: "kmm_e2e_restart", modLate: "kmm_e2e_late", modDRA: "kmm_e2e_dra"}
 
 // waitStep bounds each wait of TestKMM; the slowest (a back-off, the operator's restart with its
 // leader election) take 20-30 s.
@@ -99,7 +99,8 @@ func TestKMM(t *testing.T) {
 		{"the operator pod deleted during a load: the new one resumes", testOperatorRestart},
 		{"a worker that cannot pull backs off, then recovers when the image is pushed", testBackOff},
 		{"kubectl kmm status and history", testKubectlKMM},
-		{"Modules deleted: unloaded, device plugin, labels and NMC gone, finalizers released", testDelete},
+		{"a Module with a DRA driver: driver Ready, DeviceClass, dra-ready; ordered upgrade held by an allocated claim", testDRA},
+		{"Modules deleted: unloaded, device plugin, DRA driver, DeviceClass, labels and NMC gone, finalizers released", testDelete},
 	}
 	for _, s := range steps {
 		if !t.Run(s.name, func(t *testing.T) { s.run(t, k) }) {
@@ -143,7 +144,7 @@ func setUpKMM(t *testing.T, c *e2e.Cluster) *kmmEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tm.add("images: make images (linux/"+runtime.GOARCH+"), 4 kmod images, kubectl-kmm", start)
+	tm.add("images: make images (linux/"+runtime.GOARCH+"), 6 kmod images, kubectl-kmm", start)
 	start = time.Now()
 	if k.managerRef, err = c.PushLayout("kmm/kmm-manager:e2e", filepath.Join(shared.root, "bin", "images", "kmm-manager")); err != nil {
 		t.Fatal(err)
@@ -151,12 +152,12 @@ func setUpKMM(t *testing.T, c *e2e.Cluster) *kmmEnv {
 	if k.workerRef, err = c.PushLayout("kmm/kmm-worker:e2e", filepath.Join(shared.root, "bin", "images", "kmm-worker")); err != nil {
 		t.Fatal(err)
 	}
-	for _, m := range []string{modKmod + "-v1", modKmod + "-v2", modRestart} {
+	for _, m := range []string{modKmod + "-v1", modKmod + "-v2", modRestart, modDRA + "-v1", modDRA + "-v2"} {
 		if err := k.kmodImages[m].push(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	tm.add("images pushed (kmm-manager, kmm-worker, 3 of the 4 kmod images)", start)
+	tm.add("images pushed (kmm-manager, kmm-worker, 5 of the 6 kmod images)", start)
 
 	if _, err := k.cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: kmmNamespace}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -214,6 +215,7 @@ func (k *kmmEnv) buildKmodImages() error {
 	k.kmodImages = map[string]kmodimageRef{}
 	for _, im := range []struct{ key, module, version string }{
 		{modKmod + "-v1", modKmod, "v1"}, {modKmod + "-v2", modKmod, "v2"}, {modRestart, modRestart, "v1"}, {modLate, modLate, "v1"},
+		{modDRA + "-v1", modDRA, "v1"}, {modDRA + "-v2", modDRA, "v2"},
 	} {
 		img, err := kmodimage.Build(tools, kmodimage.Spec{Kernel: k.kernel, Module: kernelModules[im.module], Version: im.version})
 		if err != nil {
@@ -652,7 +654,8 @@ func testDelete(t *testing.T, k *kmmEnv) {
 	ctx := context.Background()
 	mark := k.pods.mark()
 	start := time.Now()
-	for _, m := range []string{modKmod, modRestart, modLate} {
+	k.deleteDRAApp(t)
+	for _, m := range []string{modKmod, modRestart, modLate, modDRA} {
 		if err := k.cl.Delete(ctx, &kmmv1beta1.Module{ObjectMeta: metav1.ObjectMeta{Namespace: kmmNamespace, Name: m}}); err != nil {
 			t.Fatal(err)
 		}
@@ -681,17 +684,20 @@ func testDelete(t *testing.T, k *kmmEnv) {
 		return len(pods) == 0, fmt.Sprintf("pods left: %v", names)
 	})
 	tm.add("delete: Modules deleted → NMC and every pod gone", start)
-	// Every label kmm set is gone; the user's version-module label is the user's to remove.
-	user := kmmv1beta1.ModuleVersionLabel(kmmNamespace, modKmod)
+	// Every label kmm set is gone; the user's version-module labels are the user's to remove.
+	user := []string{kmmv1beta1.ModuleVersionLabel(kmmNamespace, modKmod), kmmv1beta1.ModuleVersionLabel(kmmNamespace, modDRA)}
 	for key := range k.nodeLabels(t) {
-		if strings.Contains(key, kmmNamespace+".") && key != user {
+		if strings.Contains(key, kmmNamespace+".") && !slices.Contains(user, key) {
 			t.Errorf("node label %s left", key)
 		}
 	}
-	k.setNodeLabel(t, user, "")
-	// An unload pod ran for each Module, and the device plugin's DaemonSet is gone.
+	for _, key := range user {
+		k.setNodeLabel(t, key, "")
+	}
+	k.checkDeviceClassGone(t)
+	// An unload pod ran for each Module, and the device plugin's and DRA driver's DaemonSets are gone.
 	events := k.pods.since(mark)
-	for _, m := range []string{modKmod, modRestart, modLate} {
+	for _, m := range []string{modKmod, modRestart, modLate, modDRA} {
 		if indexOf(events, func(e podEvent) bool {
 			return isWorker(e.pod, m) && e.pod.Labels[contract.LabelAction] == "unload" && e.pod.Status.Phase == corev1.PodSucceeded
 		}) < 0 {
