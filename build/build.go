@@ -21,7 +21,7 @@ const (
 	// PullSecretDir is where the Module's pull secret is mounted (for the base images and the push).
 	PullSecretDir = "/run/kmm/build/pull-secret" //nolint:gosec // G101: a mount path, not a credential
 	// SecretsDir is where each of build.secrets is mounted, one directory per Secret.
-	SecretsDir = "/run/kmm/build/secrets"
+	SecretsDir = "/run/kmm/build/secrets" //nolint:gosec // G101: a mount path, not a credential
 	// ContainerName is the name of the build container.
 	ContainerName = "build"
 	// Deadline bounds a build pod (activeDeadlineSeconds): a build that hangs ends as a failure.

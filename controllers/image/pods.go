@@ -188,7 +188,7 @@ func keyVolume(name, secret, key string) corev1.Volume {
 // podFact is what the image machine needs of a build or sign pod: its run, its phase and, failed,
 // why (the sign worker's result, the build's log tail, or the kubelet's reason).
 func podFact(p *corev1.Pod) (image.Pod, bool) {
-	run, err := strconv.Atoi(p.Labels[LabelImageRun])
+	run, err := strconv.ParseInt(p.Labels[LabelImageRun], 10, 32)
 	if err != nil {
 		return image.Pod{}, false
 	}

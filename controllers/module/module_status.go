@@ -287,13 +287,7 @@ func moduleConditions(in conditionFacts) []metav1.Condition {
 	if !allLoaded {
 		ready.Reason = kmmv1beta1.ReasonInProgress
 	}
-	if len(in.imageWaits)+len(in.imageFailing) > 0 && !allLoaded {
-		ready.Reason = kmmv1beta1.ReasonImageNotReady
-		if progressing.Status == metav1.ConditionTrue {
-			progressing.Reason = kmmv1beta1.ReasonImageNotReady
-			progressing.Message = ready.Message + "; waiting for image " + joinSorted(append(append([]string(nil), in.imageFailing...), in.imageWaits...))
-		}
-	}
+	sayImageNotReady(in, allLoaded, &ready, &progressing)
 	if progressing.Status != metav1.ConditionTrue {
 		progressing.Reason = kmmv1beta1.ReasonAsExpected
 	}
@@ -318,6 +312,19 @@ func moduleConditions(in conditionFacts) []metav1.Condition {
 		degraded = cond(kmmv1beta1.ConditionDegraded, true, kmmv1beta1.ReasonNoKernelMapping, "no kernel mapping for the kernel of "+joinSorted(in.noMapping))
 	}
 	return []metav1.Condition{ready, progressing, degraded}
+}
+
+// sayImageNotReady makes Ready and Progressing say ImageNotReady, naming the images, while nodes wait for
+// an image the cluster builds or signs (gate.go).
+func sayImageNotReady(in conditionFacts, allLoaded bool, ready, progressing *metav1.Condition) {
+	if len(in.imageWaits)+len(in.imageFailing) == 0 || allLoaded {
+		return
+	}
+	ready.Reason = kmmv1beta1.ReasonImageNotReady
+	if progressing.Status == metav1.ConditionTrue {
+		progressing.Reason = kmmv1beta1.ReasonImageNotReady
+		progressing.Message = ready.Message + "; waiting for image " + joinSorted(append(append([]string(nil), in.imageFailing...), in.imageWaits...))
+	}
 }
 
 func joinSorted(items []string) string {
