@@ -155,7 +155,8 @@ func (r *Reconciler) pods(ctx context.Context, m *kmmv1beta1.Module) ([]corev1.P
 	return out, nil
 }
 
-// cleanUp deletes every build and sign pod of m and, for a Module without a recipe, its MIC.
+// cleanUp deletes every build and sign pod of m and, for a Module without a recipe, the MIC kmm
+// made for it (labelled; one upstream KMM left for a Module without a recipe stays as it is).
 func (r *Reconciler) cleanUp(ctx context.Context, m *kmmv1beta1.Module, pods []corev1.Pod, log logr.Logger) error {
 	var errs []error
 	for i := range pods {
@@ -165,8 +166,15 @@ func (r *Reconciler) cleanUp(ctx context.Context, m *kmmv1beta1.Module, pods []c
 		}
 	}
 	if m.DeletionTimestamp.IsZero() {
-		mic := &kmmv1beta1.ModuleImagesConfig{ObjectMeta: metav1.ObjectMeta{Namespace: m.Namespace, Name: m.Name}}
-		errs = append(errs, client.IgnoreNotFound(r.Client.Delete(ctx, mic)))
+		mic := &kmmv1beta1.ModuleImagesConfig{}
+		err := r.Client.Get(ctx, client.ObjectKeyFromObject(m), mic)
+		switch {
+		case err != nil:
+			errs = append(errs, client.IgnoreNotFound(err))
+		case contract.CreatedByKMM(mic.Labels):
+			uid := mic.UID
+			errs = append(errs, client.IgnoreNotFound(r.Client.Delete(ctx, mic, client.Preconditions{UID: &uid})))
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -176,21 +184,26 @@ func (r *Reconciler) deletePod(ctx context.Context, p *corev1.Pod) error {
 	return client.IgnoreNotFound(r.Client.Delete(ctx, p, client.Preconditions{UID: &uid}))
 }
 
-// syncSpec creates the MIC of m, owned by it, or updates its spec to want.
+// syncSpec creates the MIC of m, owned by it and labelled as kmm's, or updates its spec to want
+// (taking over one upstream KMM left: labelled, its entries checked again by the machine).
 func (r *Reconciler) syncSpec(ctx context.Context, m *kmmv1beta1.Module, want kmmv1beta1.ModuleImagesConfigSpec) (*kmmv1beta1.ModuleImagesConfig, error) {
 	mic := &kmmv1beta1.ModuleImagesConfig{}
 	err := r.Client.Get(ctx, client.ObjectKeyFromObject(m), mic)
 	switch {
 	case apierrors.IsNotFound(err):
 		mic = &kmmv1beta1.ModuleImagesConfig{ObjectMeta: metav1.ObjectMeta{Namespace: m.Namespace, Name: m.Name,
-			OwnerReferences: []metav1.OwnerReference{owner(m)}}, Spec: want}
+			Labels: map[string]string{contract.LabelManagedBy: contract.ManagedBy}, OwnerReferences: []metav1.OwnerReference{owner(m)}}, Spec: want}
 		return mic, r.Client.Create(ctx, mic)
 	case err != nil:
 		return nil, err
-	case semantic.Equal(&mic.Spec, &want):
+	case semantic.Equal(&mic.Spec, &want) && contract.CreatedByKMM(mic.Labels):
 		return mic, nil
 	}
 	mic.Spec = want
+	if mic.Labels == nil {
+		mic.Labels = map[string]string{}
+	}
+	mic.Labels[contract.LabelManagedBy] = contract.ManagedBy
 	return mic, r.Client.Update(ctx, mic)
 }
 
