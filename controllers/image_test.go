@@ -348,3 +348,46 @@ func TestDeletingTheModuleCancelsItsBuild(t *testing.T) {
 		return len(pods.Items) == 0, fmt.Sprintf("the build pod deleted with its Module, %d left", len(pods.Items))
 	})
 }
+
+// TestRebuildTriggerOnAPresentImage: bumping imageRebuildTriggerGeneration has the image checked
+// again; it is still in the registry, so nothing is built, and the loaded module stays loaded (the
+// node keeps its entry while the image is checked: no unload, no reload).
+func TestRebuildTriggerOnAPresentImage(t *testing.T) {
+	cluster.StartOperator(t)
+	reg := ocireg.Start(t, ocireg.Options{})
+	tb := cluster.NewBed(t, 1, testbed.KernelA)
+	k := startImageKubelet(t, reg, tb.NS)
+	img := reg.Host + "/again:" + testbed.KernelA
+	k.push(img)
+	recipeInputs(t, tb, "again", true, "")
+	m := recipeModule(tb, reg, "again", true, false)
+	tb.Create(m)
+	tb.WaitLoaded("again", img, tb.Nodes...)
+	before := len(cluster.PairStatus(tb.Nodes[0], tb.NS, "again").Transitions)
+
+	if err := k8s.Get(context.Background(), client.ObjectKeyFromObject(m), m); err != nil {
+		t.Fatal(err)
+	}
+	gen := int64(7)
+	m.Spec.ImageRebuildTriggerGeneration = &gen
+	if err := k8s.Update(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	testbed.Eventually(t, 20*time.Second, func() (bool, string) {
+		st := imageState(tb.NS, "again", img)
+		checked := st.RebuildTriggerGeneration != nil && *st.RebuildTriggerGeneration == gen && st.State == image.Present
+		return checked, fmt.Sprintf("the image checked again for generation 7 and Present, now %s gen %v", st.State, st.RebuildTriggerGeneration)
+	})
+	st := imageState(tb.NS, "again", img)
+	last := st.Transitions[len(st.Transitions)-2:]
+	if last[0].Trigger != string(image.RebuildRequested) || last[1].Trigger != string(image.ImageFound) {
+		t.Fatalf("the image's last transitions %+v, want RebuildRequested then ImageFound", last)
+	}
+	if b := k.pods("build"); len(b) != 0 {
+		t.Fatalf("build pods %v for an image in the registry", b)
+	}
+	pair := cluster.PairStatus(tb.Nodes[0], tb.NS, "again")
+	if pair.State != kmmv1beta1.StateLoaded || len(pair.Transitions) != before {
+		t.Fatalf("the pair moved during the check: %s, %d transitions (was %d)", testbed.Describe(pair), len(pair.Transitions), before)
+	}
+}

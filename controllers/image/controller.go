@@ -63,12 +63,19 @@ func (r *Reconciler) now() time.Time {
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("image").
-		For(&kmmv1beta1.Module{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		For(&kmmv1beta1.Module{}, builder.WithPredicates(predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, deletionStarted()))).
 		Watches(&kmmv1beta1.ModuleImagesConfig{}, handler.EnqueueRequestsFromMapFunc(sameName)).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(podModule)).
 		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.modulesWithRecipe), builder.WithPredicates(nodeKernelOrLabels())).
 		WithOptions(controller.Options{RateLimiter: retry.Limiter()}).
 		Complete(r)
+}
+
+// deletionStarted passes the update that marks a Module deleted: its builds are cancelled at once.
+func deletionStarted() predicate.Predicate {
+	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		return e.ObjectOld.GetDeletionTimestamp().IsZero() && !e.ObjectNew.GetDeletionTimestamp().IsZero()
+	}}
 }
 
 func sameName(_ context.Context, o client.Object) []ctrl.Request {
