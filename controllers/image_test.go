@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	kmmv1beta2 "github.com/kmm-project/kmm/api/v1beta2"
 	"github.com/kmm-project/kmm/image"
 	"github.com/kmm-project/kmm/test/ocireg"
 	"github.com/kmm-project/kmm/test/testbed"
@@ -389,5 +390,60 @@ func TestRebuildTriggerOnAPresentImage(t *testing.T) {
 	pair := cluster.PairStatus(tb.Nodes[0], tb.NS, "again")
 	if pair.State != kmmv1beta1.StateLoaded || len(pair.Transitions) != before {
 		t.Fatalf("the pair moved during the check: %s, %d transitions (was %d)", testbed.Describe(pair), len(pair.Transitions), before)
+	}
+}
+
+// TestPushBuiltImageBuildsAhead: a PreflightValidation with pushBuiltImage for a kernel no node
+// runs yet has the Module's image for that kernel built ahead of the upgrade; its verdict stays
+// InProgress while the image is built and turns Success once it is pushed.
+func TestPushBuiltImageBuildsAhead(t *testing.T) {
+	cluster.StartOperator(t)
+	reg := ocireg.Start(t, ocireg.Options{})
+	tb := cluster.NewBed(t, 1, testbed.KernelA)
+	k := startImageKubelet(t, reg, tb.NS)
+	k.set(func(k *imageKubelet) { k.hold = true })
+	recipeInputs(t, tb, "ahead", true, "")
+	m := recipeModule(tb, reg, "ahead", true, false)
+	c := &m.Spec.ModuleLoader.Container
+	c.KernelMappings = append(c.KernelMappings, kmmv1beta1.KernelMapping{Regexp: `^6\.1\.0-57-`,
+		ContainerImage: reg.Host + "/ahead:$KERNEL_FULL_VERSION", Build: c.KernelMappings[0].Build.DeepCopy()})
+	now := reg.Host + "/ahead:" + testbed.KernelA
+	next := reg.Host + "/ahead:" + testbed.KernelB
+	k.push(now)
+	tb.Create(m)
+	tb.WaitLoaded("ahead", now, tb.Nodes...)
+	if st := imageState(tb.NS, "ahead", next); st.State != "" {
+		t.Fatalf("the next kernel's image is in the MIC (%s) before any PreflightValidation asks for it", st.State)
+	}
+
+	pv := &kmmv1beta2.PreflightValidation{ObjectMeta: metav1.ObjectMeta{Name: "ahead-" + tb.NS},
+		Spec: kmmv1beta2.PreflightValidationSpec{KernelVersion: testbed.KernelB, PushBuiltImage: true}}
+	tb.Create(pv)
+	t.Cleanup(func() { _ = k8s.Delete(context.Background(), pv) })
+	waitImageState(t, tb.NS, "ahead", next, image.Building, 30*time.Second)
+	verdict := func() kmmv1beta2.PreflightValidationModuleStatus {
+		got := &kmmv1beta2.PreflightValidation{}
+		if err := k8s.Get(context.Background(), client.ObjectKeyFromObject(pv), got); err == nil {
+			for _, e := range got.Status.Modules {
+				if e.Namespace == tb.NS && e.Name == "ahead" {
+					return e
+				}
+			}
+		}
+		return kmmv1beta2.PreflightValidationModuleStatus{}
+	}
+	testbed.Eventually(t, 20*time.Second, func() (bool, string) {
+		v := verdict()
+		return v.VerificationStatus == kmmv1beta2.VerificationInProgress && strings.Contains(v.StatusReason, "pushBuiltImage"),
+			fmt.Sprintf("the verdict InProgress while the image is built, got %+v", v)
+	})
+	k.set(func(k *imageKubelet) { k.hold = false })
+	waitImageState(t, tb.NS, "ahead", next, image.Present, 30*time.Second)
+	testbed.Eventually(t, 60*time.Second, func() (bool, string) {
+		v := verdict()
+		return v.VerificationStatus == kmmv1beta2.VerificationSuccess, fmt.Sprintf("the verdict Success once the image is pushed, got %+v", v)
+	})
+	if b := k.pods("build"); len(b) != 1 {
+		t.Fatalf("build pods %v, want the one for the next kernel", b)
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	kmmv1beta2 "github.com/kmm-project/kmm/api/v1beta2"
 	"github.com/kmm-project/kmm/build"
 	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/image"
@@ -35,6 +36,7 @@ import (
 // +kubebuilder:rbac:groups=kmm.sigs.x-k8s.io,resources=moduleimagesconfigs/status,verbs=get;update
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;delete
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=get
+// +kubebuilder:rbac:groups=kmm.sigs.x-k8s.io,resources=preflightvalidations,verbs=get;list;watch
 
 // Reconciler is the image controller: one reconcile per Module (the MIC has the Module's name).
 type Reconciler struct {
@@ -67,6 +69,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&kmmv1beta1.ModuleImagesConfig{}, handler.EnqueueRequestsFromMapFunc(sameName)).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(podModule)).
 		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.modulesWithRecipe), builder.WithPredicates(nodeKernelOrLabels())).
+		Watches(&kmmv1beta2.PreflightValidation{}, handler.EnqueueRequestsFromMapFunc(r.modulesWithRecipe)).
 		WithOptions(controller.Options{RateLimiter: retry.Limiter()}).
 		Complete(r)
 }
@@ -137,11 +140,31 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err := r.Client.List(ctx, nodes, client.UnsafeDisableDeepCopy); err != nil {
 		return ctrl.Result{}, err
 	}
-	mic, err := r.syncSpec(ctx, m, desiredSpec(m, nodes.Items))
+	ahead, err := r.aheadKernels(ctx)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	mic, err := r.syncSpec(ctx, m, desiredSpec(m, nodes.Items, ahead))
 	if err != nil {
 		return ctrl.Result{}, err
 	}
 	return r.step(ctx, m, mic, pods, log)
+}
+
+// aheadKernels are the target kernels of the PreflightValidations with pushBuiltImage (issue 37
+// item 5: images built ahead of a kernel upgrade).
+func (r *Reconciler) aheadKernels(ctx context.Context) ([]string, error) {
+	list := &kmmv1beta2.PreflightValidationList{}
+	if err := r.Client.List(ctx, list); err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, pv := range list.Items {
+		if pv.Spec.PushBuiltImage && pv.DeletionTimestamp.IsZero() {
+			out = append(out, pv.Spec.KernelVersion)
+		}
+	}
+	return out, nil
 }
 
 // pods lists the Module's build and sign pods (from the cache: kmm's pods carry its label).

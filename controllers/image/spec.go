@@ -14,7 +14,10 @@ import (
 // node's kernel needs whose mapping has a build or a sign, sorted by image, at most
 // kmmv1beta1.MaxMICImages. Images without a recipe are not the image controller's business: the
 // worker pulls them as they are.
-func desiredSpec(m *kmmv1beta1.Module, nodes []corev1.Node) kmmv1beta1.ModuleImagesConfigSpec {
+//
+// aheadKernels are the kernels of the PreflightValidations with pushBuiltImage: the images of the
+// Module's mappings for them are made too, ahead of the upgrade, whatever the nodes run today.
+func desiredSpec(m *kmmv1beta1.Module, nodes []corev1.Node, aheadKernels []string) kmmv1beta1.ModuleImagesConfigSpec {
 	spec := kmmv1beta1.ModuleImagesConfigSpec{
 		ImageRepoSecret:               m.Spec.ImageRepoSecret.DeepCopy(),
 		ImagePullPolicy:               corev1.PullIfNotPresent,
@@ -37,6 +40,12 @@ func desiredSpec(m *kmmv1beta1.Module, nodes []corev1.Node) kmmv1beta1.ModuleIma
 		}
 		seen[e.Image] = true
 		spec.Images = append(spec.Images, e)
+	}
+	for _, kver := range aheadKernels {
+		if e, ok := imageSpec(m, kver); ok && !seen[e.Image] {
+			seen[e.Image] = true
+			spec.Images = append(spec.Images, e)
+		}
 	}
 	slices.SortFunc(spec.Images, func(a, b kmmv1beta1.ModuleImageSpec) int { return strings.Compare(a.Image, b.Image) })
 	if len(spec.Images) > kmmv1beta1.MaxMICImages {

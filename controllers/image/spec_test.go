@@ -50,7 +50,7 @@ func TestDesiredSpec(t *testing.T) {
 		kernelNode("a", "6.1.0-1-amd64", true), kernelNode("b", "6.1.0-1-amd64", true),
 		kernelNode("c", "6.1.0-2-amd64", true), kernelNode("d", "6.1.0-3-amd64", true),
 		kernelNode("e", "5.10.0-1-amd64", false),
-	})
+	}, []string{"6.1.0-1-amd64"})
 	if len(spec.Images) != 2 {
 		t.Fatalf("images %+v, want two", spec.Images)
 	}
@@ -61,8 +61,12 @@ func TestDesiredSpec(t *testing.T) {
 	if two.Image != "reg/gpu:6.1.0-2-amd64" || two.Build != nil || two.Sign == nil {
 		t.Fatalf("second entry %+v, want the 6.1.0-2 image with the container's sign only", two)
 	}
+	// A PreflightValidation's kernel with pushBuiltImage: its image too, though no node runs it.
+	if spec := desiredSpec(m, nil, []string{"6.1.0-2-amd64"}); len(spec.Images) != 1 || spec.Images[0].Image != "reg/gpu:6.1.0-2-amd64" {
+		t.Fatalf("images %+v, want the one of the preflight's kernel", spec.Images)
+	}
 	m.Spec.ModuleLoader.Container.Sign = nil
-	if spec := desiredSpec(m, []corev1.Node{kernelNode("c", "6.1.0-2-amd64", true)}); len(spec.Images) != 0 {
+	if spec := desiredSpec(m, []corev1.Node{kernelNode("c", "6.1.0-2-amd64", true)}, nil); len(spec.Images) != 0 {
 		t.Fatalf("an image without a recipe got an entry: %+v", spec.Images)
 	}
 }
@@ -71,7 +75,7 @@ func TestDesiredSpec(t *testing.T) {
 // (config, Secrets mounted where `worker sign` reads them, no API token, bounded).
 func TestPods(t *testing.T) {
 	m := recipeModule()
-	spec := desiredSpec(m, []corev1.Node{kernelNode("a", "6.1.0-1-amd64", true)})
+	spec := desiredSpec(m, []corev1.Node{kernelNode("a", "6.1.0-1-amd64", true)}, nil)
 	mic := &kmmv1beta1.ModuleImagesConfig{Spec: spec}
 	e := &spec.Images[0]
 	req := buildRequest(m, mic, e, 3, "builder:1")
