@@ -139,6 +139,13 @@ func TestGPUVendorModuleLoadsWithoutBuildOrSign(t *testing.T) {
 	if b, s := k.pods("build"), k.pods("sign"); len(b)+len(s) > 0 {
 		t.Fatalf("build pods %v and sign pods %v were created for an image that exists", b, s)
 	}
+	// The MIC's spec was written once, while the image was checked and the nodes loaded: what the
+	// API server stores reads back equal to what the controller computes (a difference would
+	// rewrite it on every reconcile, each write queueing the next).
+	mic := &kmmv1beta1.ModuleImagesConfig{}
+	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: tb.NS, Name: "gpu"}, mic); err != nil || mic.Generation != 1 {
+		t.Fatalf("the MIC's spec was written %d times (%v), want once", mic.Generation, err)
+	}
 }
 
 // TestBuildAndSignThenLoad: the image is missing: a build pod pushes the unsigned image, a sign pod
