@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -397,6 +398,39 @@ func TestRebuildTriggerOnAPresentImage(t *testing.T) {
 	pair := cluster.PairStatus(tb.Nodes[0], tb.NS, "again")
 	if pair.State != kmmv1beta1.StateLoaded || len(pair.Transitions) != before {
 		t.Fatalf("the pair moved during the check: %s, %d transitions (was %d)", testbed.Describe(pair), len(pair.Transitions), before)
+	}
+
+	// The image is gone from the registry and the trigger bumped again: it is rebuilt, and while the
+	// build runs the node keeps its entry and its module (the gate holds back new entries only).
+	k.set(func(k *imageKubelet) { k.hold = true })
+	if err := remote.Delete(mustRef(img), remote.WithTransport(reg.Server.Client().Transport)); err != nil {
+		t.Fatal(err)
+	}
+	if err := k8s.Get(context.Background(), client.ObjectKeyFromObject(m), m); err != nil {
+		t.Fatal(err)
+	}
+	gen = 8
+	m.Spec.ImageRebuildTriggerGeneration = &gen
+	if err := k8s.Update(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	waitImageState(t, tb.NS, "again", img, image.Building, 20*time.Second)
+	testbed.Eventually(t, 10*time.Second, func() (bool, string) {
+		c := moduleCondition(t, tb.NS, "again", kmmv1beta1.ConditionReady)
+		return c.ObservedGeneration == m.Generation, "the Module's status for generation " + fmt.Sprint(m.Generation)
+	})
+	pair = cluster.PairStatus(tb.Nodes[0], tb.NS, "again")
+	if pair == nil || pair.State != kmmv1beta1.StateLoaded || len(pair.Transitions) != before || !hasSpecEntry(t, tb.Nodes[0], tb.NS, "again") {
+		t.Fatalf("the pair moved while its image is rebuilt: %s (%d transitions before)", testbed.Describe(pair), before)
+	}
+	k.set(func(k *imageKubelet) { k.hold = false })
+	waitImageState(t, tb.NS, "again", img, image.Present, 20*time.Second)
+	if b := k.pods("build"); len(b) != 1 {
+		t.Fatalf("build pods %v, want the one rebuild", b)
+	}
+	tb.WaitLoaded("again", img, tb.Nodes...)
+	if pair := cluster.PairStatus(tb.Nodes[0], tb.NS, "again"); pair == nil || len(pair.Transitions) != before {
+		t.Fatalf("the pair was unloaded or reloaded around the rebuild: %s (%d transitions before)", testbed.Describe(pair), before)
 	}
 }
 
