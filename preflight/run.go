@@ -35,6 +35,10 @@ type Options struct {
 	// RoleBinding grants it (--secrets-cluster-wide=false): a refused read then names the
 	// RoleBinding to create. Otherwise it names the missing ClusterRoleBinding.
 	SecretsNamespaced bool
+	// PushBuiltImage is the PreflightValidation's pushBuiltImage: a missing image of a Module that
+	// builds or signs it in the cluster is being made for the target kernel by the image
+	// controller, so its verdict is not final (checked again with back-off) until it exists.
+	PushBuiltImage bool
 }
 
 // The RBAC objects a refused read of a pull secret points to (config/rbac).
@@ -100,6 +104,9 @@ func Verify(ctx context.Context, modules []*kmmv1beta1.Module, nodes []corev1.No
 				return err
 			}
 			out[i] = Decide(m, o.Kernel, check)
+			if o.PushBuiltImage && check.Outcome == NotFound {
+				awaitBuild(&out[i], m, o.Kernel)
+			}
 			return nil
 		})
 	}
@@ -154,3 +161,14 @@ func Platforms(m *kmmv1beta1.Module, nodes []corev1.Node) []v1.Platform {
 }
 
 func key(m *kmmv1beta1.Module) string { return m.Namespace + "/" + m.Name }
+
+// awaitBuild makes the ImageMissing verdict of a Module whose mapping for kernel builds or signs its
+// image not final: with pushBuiltImage the image controller builds and signs it ahead of the
+// upgrade, and the verdict turns Success once the image exists.
+func awaitBuild(v *Verdict, m *kmmv1beta1.Module, kernel string) {
+	if b, s := mapping.Recipe(m, kernel); b == nil && s == nil {
+		return
+	}
+	v.Final = false
+	v.Message = "being built and signed in the cluster for kernel " + kernel + " (pushBuiltImage): " + v.Message
+}

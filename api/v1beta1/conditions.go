@@ -36,6 +36,13 @@ const (
 	// namespace guard: the webhook was down or off). No worker pod can be created there any more, so
 	// the module can be neither unloaded nor loaded; the message names the nodes that still have it.
 	ReasonNamespaceTerminating = "NamespaceTerminating"
+	// ReasonImageNotReady: some nodes wait for an image the cluster builds or signs (Module
+	// build/sign, docs/build.md): no worker starts for them until the image is Present in its
+	// registry; the message names each such image and its state.
+	ReasonImageNotReady = "ImageNotReady"
+	// ReasonImageFailing: the build or sign of an image some nodes wait for failed and is retried
+	// after a back-off; the message quotes the failure (the tail of the build log).
+	ReasonImageFailing = "ImageFailing"
 	// ReasonAsExpected: nothing is wrong.
 	ReasonAsExpected = "AsExpected"
 )

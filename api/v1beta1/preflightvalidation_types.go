@@ -61,8 +61,8 @@ type PreflightValidationSpec struct {
 	KernelVersion string `json:"kernelVersion"`
 
 	// PushBuiltImage asks for the images of the Modules with a build (or sign) recipe to be built
-	// and pushed for the target kernel ahead of the upgrade (upstream's field). Accepted; kmm does
-	// not build yet, so today it changes nothing (docs/api.md).
+	// and pushed for the target kernel ahead of the upgrade (upstream's field): the image controller
+	// makes them, and such a Module's verdict stays InProgress until its image exists (docs/build.md).
 	// +optional
 	PushBuiltImage bool `json:"pushBuiltImage,omitempty"`
 }

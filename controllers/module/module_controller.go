@@ -46,6 +46,7 @@ import (
 // +kubebuilder:rbac:groups=kmm.sigs.x-k8s.io,resources=modules/finalizers,verbs=update
 // +kubebuilder:rbac:groups=kmm.sigs.x-k8s.io,resources=nodemodulesconfigs,verbs=get;list;watch;create;patch
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
+// +kubebuilder:rbac:groups=kmm.sigs.x-k8s.io,resources=moduleimagesconfigs,verbs=get;list;watch
 // +kubebuilder:rbac:groups=apps,resources=daemonsets,verbs=get;list;watch;create;update;patch;delete
 
 // Finalizer holds a Module until no node has it loaded.
@@ -88,9 +89,16 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&resourcev1.DeviceClass{}, handler.EnqueueRequestsFromMapFunc(deviceClassModule)).
 		Watches(&corev1.Node{}, r.nodeEvents(), builder.WithPredicates(nodeLabelsOrKernelChanged())).
 		Watches(&kmmv1beta1.NodeModulesConfig{}, nmcEvents()).
+		// The image controller's MIC status opens the image gate (gate.go).
+		Watches(&kmmv1beta1.ModuleImagesConfig{}, handler.EnqueueRequestsFromMapFunc(micModule)).
 		Watches(&corev1.Namespace{}, r.modulesOfNamespace(), builder.WithPredicates(namespaceDeletedOrRelabelled())).
 		WithOptions(controller.Options{RateLimiter: retry.Limiter()}).
 		Complete(r)
+}
+
+// micModule is the Module of a ModuleImagesConfig (same namespace and name).
+func micModule(_ context.Context, o client.Object) []ctrl.Request {
+	return []ctrl.Request{{NamespacedName: client.ObjectKeyFromObject(o)}}
 }
 
 // deviceClassModule is the Module a DeviceClass's labels name (kmm's or upstream KMM's), if any: a
@@ -401,7 +409,11 @@ type moduleScope struct {
 	nodes     []corev1.Node
 	nmcs      map[string]*kmmv1beta1.NodeModulesConfig
 	decisions map[string]fsm.SpecDecision
-	invalid   string
+	// mic is the Module's ModuleImagesConfig (nil without a recipe or before the image controller
+	// created it); gated the nodes whose entry waits for its image (gate.go).
+	mic     *kmmv1beta1.ModuleImagesConfig
+	gated   map[string]imageWait
+	invalid string
 	// refused quotes the API server's refusal of an object derived from the Module ("" when none).
 	refused string
 	// handoverPending says upstream KMM's device plugin DaemonSets of the Module still exist,
@@ -438,7 +450,9 @@ func (r *Reconciler) gather(ctx context.Context, m *kmmv1beta1.Module) (*moduleS
 	for i := range nmcs.Items {
 		s.nmcs[nmcs.Items[i].Name] = &nmcs.Items[i]
 	}
-	return s, nil
+	mic, err := r.readMIC(ctx, m)
+	s.mic = mic
+	return s, err
 }
 
 // decide checks the Module (a deleted one is unloaded whatever it says) and decides each node's
@@ -451,6 +465,7 @@ func (s *moduleScope) decide() {
 		n := &s.nodes[i]
 		s.decisions[n.Name] = fsm.DecideSpec(s.module, nodeView(n))
 	}
+	s.gated = gateImages(s.module, s.decisions, s.mic)
 }
 
 // nodeView is what the Module→NMC decision may see of a node: labels and kernel only.
@@ -477,6 +492,9 @@ func (r *Reconciler) syncSpecs(ctx context.Context, s *moduleScope, log logr.Log
 // apply, or through syncTakenOver on an NMC that holds, or held, what upstream KMM left.
 func (r *Reconciler) entryWrite(ctx context.Context, s *moduleScope, n *corev1.Node, log logr.Logger) func() error {
 	d := s.decisions[n.Name]
+	if _, ok := s.gated[n.Name]; ok {
+		return nil // its image is not Present yet: the node keeps the entry it has (gate.go)
+	}
 	nmc := s.nmcs[n.Name]
 	current := nmc.SpecEntry(s.module.Namespace, s.module.Name)
 	changed := d.Action == fsm.SpecUpdate && (current == nil || !semantic.Equal(current, d.Entry))

@@ -211,8 +211,9 @@ func computeModuleStatus(s *moduleScope, daemonSets []appsv1.DaemonSet, now meta
 			progress.AvailableNumber, what = st.DRA.AvailableNumber, "DRA driver available"
 		}
 	}
+	waits, imageFailing := imageWaits(s.gated)
 	st.Conditions = moduleConditions(conditionFacts{problem: problem, progress: progress, what: what,
-		noMapping: noMapping, failing: failing, generation: gen, now: now})
+		noMapping: noMapping, failing: failing, imageWaits: waits, imageFailing: imageFailing, generation: gen, now: now})
 	return st
 }
 
@@ -260,6 +261,9 @@ type conditionFacts struct {
 	// noMapping are the selected nodes whose kernel no mapping serves; failing the nodes whose
 	// worker is in back-off, with its reason and message.
 	noMapping, failing []string
+	// imageWaits are the images (with their state) nodes wait for while the cluster builds or signs
+	// them; imageFailing those whose build or sign failed and waits for its back-off (gate.go).
+	imageWaits, imageFailing []string
 	// generation and now stamp every condition (ObservedGeneration, LastTransitionTime).
 	generation int64
 	now        metav1.Time
@@ -283,6 +287,7 @@ func moduleConditions(in conditionFacts) []metav1.Condition {
 	if !allLoaded {
 		ready.Reason = kmmv1beta1.ReasonInProgress
 	}
+	sayImageNotReady(in, allLoaded, &ready, &progressing)
 	if progressing.Status != metav1.ConditionTrue {
 		progressing.Reason = kmmv1beta1.ReasonAsExpected
 	}
@@ -299,12 +304,27 @@ func moduleConditions(in conditionFacts) []metav1.Condition {
 	case len(in.failing) > 0:
 		degraded = cond(kmmv1beta1.ConditionDegraded, true, kmmv1beta1.ReasonWorkerFailing, "worker failing on "+joinSorted(in.failing))
 		ready.Reason = kmmv1beta1.ReasonWorkerFailing
+	case len(in.imageFailing) > 0:
+		degraded = cond(kmmv1beta1.ConditionDegraded, true, kmmv1beta1.ReasonImageFailing, "image "+joinSorted(in.imageFailing))
 	case in.problem.handoverStuck != "":
 		degraded = cond(kmmv1beta1.ConditionDegraded, true, kmmv1beta1.ReasonDevicePluginHandoverStuck, in.problem.handoverStuck)
 	case len(in.noMapping) > 0:
 		degraded = cond(kmmv1beta1.ConditionDegraded, true, kmmv1beta1.ReasonNoKernelMapping, "no kernel mapping for the kernel of "+joinSorted(in.noMapping))
 	}
 	return []metav1.Condition{ready, progressing, degraded}
+}
+
+// sayImageNotReady makes Ready and Progressing say ImageNotReady, naming the images, while nodes wait for
+// an image the cluster builds or signs (gate.go).
+func sayImageNotReady(in conditionFacts, allLoaded bool, ready, progressing *metav1.Condition) {
+	if len(in.imageWaits)+len(in.imageFailing) == 0 || allLoaded {
+		return
+	}
+	ready.Reason = kmmv1beta1.ReasonImageNotReady
+	if progressing.Status == metav1.ConditionTrue {
+		progressing.Reason = kmmv1beta1.ReasonImageNotReady
+		progressing.Message = ready.Message + "; waiting for image " + joinSorted(append(append([]string(nil), in.imageFailing...), in.imageWaits...))
+	}
 }
 
 func joinSorted(items []string) string {

@@ -101,7 +101,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	log := ctrl.LoggerFrom(ctx).WithValues("kernel", pv.Spec.KernelVersion)
 	verdicts, err := preflight.Run(ctx, r.Client, preflight.Options{
 		Kernel: pv.Spec.KernelVersion, Registry: r.Registry, Concurrency: r.Concurrency, Secrets: r.apiReader(),
-		SecretsNamespaced: r.SecretsNamespaced,
+		SecretsNamespaced: r.SecretsNamespaced, PushBuiltImage: pv.Spec.PushBuiltImage,
 	})
 	if err != nil {
 		return ctrl.Result{}, err

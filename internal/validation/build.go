@@ -12,10 +12,6 @@ import (
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 )
 
-// ReasonBuildNotYetSupported starts the message of a Module whose build or sign recipe kmm accepts
-// but does not carry out yet (NotCarriedOut).
-const ReasonBuildNotYetSupported = "BuildNotYetSupported"
-
 // defaultDirName is modprobe.dirName when it is not set (the CRD's default).
 const defaultDirName = "/opt"
 
@@ -108,34 +104,6 @@ func validateObjectName(p *field.Path, ref *corev1.LocalObjectReference) field.E
 	var errs field.ErrorList
 	for _, msg := range apivalidation.IsDNS1123Subdomain(ref.Name) {
 		errs = append(errs, field.Invalid(p.Child("name"), ref.Name, msg))
-	}
-	return errs
-}
-
-// NotCarriedOut lists what a Module asks that admission accepts and kmm does not carry out yet:
-// in-cluster build and sign, until the image controller of issue 37 runs the image machine
-// (package image). The controllers' re-check (Module) includes it, so such a Module is Degraded
-// with this message and none of its images is loaded: a pair never loads an image that was
-// meant to be built or signed and never was.
-func NotCarriedOut(m *kmmv1beta1.Module) field.ErrorList {
-	if m.Spec.ModuleLoader == nil {
-		return nil
-	}
-	c := &m.Spec.ModuleLoader.Container
-	container := field.NewPath("spec", "moduleLoader", "container")
-	var errs field.ErrorList
-	notYet := func(p *field.Path, set bool, what string) {
-		if set {
-			errs = append(errs, field.Forbidden(p, ReasonBuildNotYetSupported+": kmm accepts "+what+
-				" but does not carry it out yet (issue 37), so nothing is loaded for this Module: build and sign the image outside the cluster and remove "+p.String()))
-		}
-	}
-	notYet(container.Child("build"), c.Build != nil, "in-cluster build")
-	notYet(container.Child("sign"), c.Sign != nil, "in-cluster signing")
-	for i := range c.KernelMappings {
-		km := &c.KernelMappings[i]
-		notYet(container.Child("kernelMappings").Index(i).Child("build"), km.Build != nil, "in-cluster build")
-		notYet(container.Child("kernelMappings").Index(i).Child("sign"), km.Sign != nil, "in-cluster signing")
 	}
 	return errs
 }

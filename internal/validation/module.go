@@ -20,10 +20,10 @@ import (
 var sampleKernel = kernel.Version{Full: "5.14.0-1.el9.x86_64", Release: []int{5, 14, 0}, Build: 1, HasBuild: true}
 
 // Module is the controllers' re-check of a Module before they act on it: every rule of admission
-// (Admission), so that an object that got in anyway is caught, and what admission accepts but kmm
-// does not carry out yet (NotCarriedOut).
+// (Admission), so that an object that got in anyway is caught. Everything admission accepts, kmm
+// carries out (build and sign since issue 37's image controller).
 func Module(m *kmmv1beta1.Module) field.ErrorList {
-	return append(Admission(m), NotCarriedOut(m)...)
+	return Admission(m)
 }
 
 // Admission checks every rule of a Module that admission enforces, whether the CRD schema or the

@@ -339,26 +339,19 @@ func validSign() *kmmv1beta1.Sign {
 	}
 }
 
-// TestNotCarriedOut: a Module with a build or sign recipe passes admission, and the controllers'
-// re-check (Module) holds it back with BuildNotYetSupported on each recipe, until the image
-// controller exists; nothing else is held back.
-func TestNotCarriedOut(t *testing.T) {
+// TestBuildAndSignCarriedOut: a Module with a build or sign recipe passes admission and the
+// controllers' re-check alike: the image controller carries both out (issue 37).
+func TestBuildAndSignCarriedOut(t *testing.T) {
 	m := validModule()
 	g := int64(2)
 	m.Spec.ImageRebuildTriggerGeneration = &g
-	if errs := validation.Module(m); len(errs) != 0 {
-		t.Fatalf("a Module without build or sign is held back: %v", errs.ToAggregate())
-	}
 	container(m).Sign = validSign()
 	container(m).KernelMappings[0].Build = validBuild()
 	if errs := validation.Admission(m); len(errs) != 0 {
 		t.Fatalf("admission rejects build and sign: %v", errs.ToAggregate())
 	}
-	errs := validation.Module(m)
-	check(t, errs, "spec.moduleLoader.container.sign", validation.ReasonBuildNotYetSupported)
-	check(t, errs, "spec.moduleLoader.container.kernelMappings[0].build", "nothing is loaded for this Module")
-	if len(errs) != 2 {
-		t.Fatalf("want 2 errors, got %v", errs.ToAggregate())
+	if errs := validation.Module(m); len(errs) != 0 {
+		t.Fatalf("the re-check holds back build and sign: %v", errs.ToAggregate())
 	}
 }
 

@@ -42,6 +42,7 @@ import (
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	kmmv1beta2 "github.com/kmm-project/kmm/api/v1beta2"
 	"github.com/kmm-project/kmm/contract"
+	imagecontroller "github.com/kmm-project/kmm/controllers/image"
 	"github.com/kmm-project/kmm/controllers/module"
 	"github.com/kmm-project/kmm/controllers/node"
 	preflightcontroller "github.com/kmm-project/kmm/controllers/preflight"
@@ -91,8 +92,12 @@ type Options struct {
 	CertManagement string
 	// Certs configures the certificate kmm manages itself; its CertDir is WebhookCertDir.
 	Certs certs.Options
-	// WorkerImage is the image of the worker pods.
+	// WorkerImage is the image of the worker pods (and of the sign pods, `worker sign`).
 	WorkerImage string
+	// BuilderImage is the image of the build pods (BuildKit, docs/build.md).
+	BuilderImage string
+	// ImageCheckTimeout bounds the image controller's registry check of one image.
+	ImageCheckTimeout time.Duration
 	// WorkerDryRunSandbox, when set, makes every worker pod a dry run (modprobe -n) against this
 	// host directory instead of the node's root (node.WorkerPodOptions): for hosts whose
 	// kernel cannot load modules, such as demos and CI. Never on a cluster whose nodes should load
@@ -151,7 +156,10 @@ func DefaultOptions() Options {
 		CertManagement: certs.ModeNone,
 		Certs:          certs.DefaultOptions(),
 		WorkerImage:    "kmm-worker:dev",
-		NMCConcurrency: 16,
+		BuilderImage:   "kmm-builder:dev",
+		// the image controller: a HEAD per image, cut after 20 s like preflight's.
+		ImageCheckTimeout: preflight.DefaultCheckTimeout,
+		NMCConcurrency:    16,
 		// preflight: a HEAD per Module, a few at a time, each cut after 20 s.
 		PreflightConcurrency:  preflight.DefaultConcurrency,
 		PreflightCheckTimeout: preflight.DefaultCheckTimeout,
@@ -193,7 +201,9 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.Certs.Validity, "cert-validity", o.Certs.Validity, "How long a serving certificate kmm generates is valid.")
 	fs.DurationVar(&o.Certs.RefreshBefore, "cert-refresh-before", o.Certs.RefreshBefore, "How long before its end a serving certificate (or the CA) is replaced.")
 	fs.DurationVar(&o.Certs.CheckInterval, "cert-check-interval", o.Certs.CheckInterval, "How often kmm checks whether the certificate must be replaced.")
-	fs.StringVar(&o.WorkerImage, "worker-image", o.WorkerImage, "Image of the worker pods that load and unload modules.")
+	fs.StringVar(&o.WorkerImage, "worker-image", o.WorkerImage, "Image of the worker pods that load and unload modules, and of the sign pods.")
+	fs.StringVar(&o.BuilderImage, "builder-image", o.BuilderImage, "Image of the build pods that build a Module's kmod image from its Dockerfile (BuildKit).")
+	fs.DurationVar(&o.ImageCheckTimeout, "image-check-timeout", o.ImageCheckTimeout, "Longest time the image controller's check of one image in its registry may take; slower is an error retried with back-off.")
 	fs.StringVar(&o.WorkerDryRunSandbox, "worker-dry-run-sandbox", o.WorkerDryRunSandbox, "Absolute host directory: worker pods run modprobe in dry-run mode against it (their host paths below it) and load nothing. Only for hosts whose kernel cannot load modules (demos, CI).")
 	fs.StringVar(&o.FirmwareHostPath, "firmware-host-path", o.FirmwareHostPath, "Node directory worker pods copy a Module's firmware to (upstream KMM: /lib/firmware).")
 	fs.BoolVar(&o.SetFirmwareClassPath, "set-firmware-class-path", o.SetFirmwareClassPath, "Worker pods write firmware-host-path to /sys/module/firmware_class/parameters/path when they load a module with firmware (not needed for /lib/firmware).")
@@ -272,6 +282,9 @@ func (o *Options) validateWork() error {
 	}
 	if o.PreflightConcurrency < 1 || o.PreflightCheckTimeout <= 0 {
 		return fmt.Errorf("preflight-concurrency must be at least 1 and preflight-check-timeout positive, got %d and %v", o.PreflightConcurrency, o.PreflightCheckTimeout)
+	}
+	if o.BuilderImage == "" || o.ImageCheckTimeout <= 0 {
+		return fmt.Errorf("builder-image must be set and image-check-timeout positive, got %q and %s", o.BuilderImage, o.ImageCheckTimeout)
 	}
 	if o.WorkerImage == "" || o.NMCConcurrency < 1 {
 		return fmt.Errorf("worker-image must be set and nmc-concurrency at least 1, got %q and %d", o.WorkerImage, o.NMCConcurrency)
@@ -633,7 +646,7 @@ func stripNode(obj any) (any, error) {
 	return obj, nil
 }
 
-// setupControllers registers the Module→NMC, NMC, version label, rollout and PreflightValidation
+// setupControllers registers the Module→NMC, image, NMC, version label, rollout and PreflightValidation
 // controllers.
 func setupControllers(mgr ctrl.Manager, o Options) error {
 	modules := &module.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder("kmm-module"),
@@ -658,6 +671,11 @@ func setupControllers(mgr ctrl.Manager, o Options) error {
 	}
 	if err := nmc.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the NMC controller: %w", err)
+	}
+	images := &imagecontroller.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder("kmm-image"),
+		Registry: preflight.Registry{Timeout: o.ImageCheckTimeout}, WorkerImage: o.WorkerImage, BuilderImage: o.BuilderImage}
+	if err := images.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the image controller: %w", err)
 	}
 	labels := &upgrade.LabelReconciler{Client: mgr.GetClient()}
 	if err := labels.SetupWithManager(mgr); err != nil {

@@ -135,3 +135,56 @@ func inTreeModules(list []string, single string) []string {
 	}
 	return out
 }
+
+// Recipe is how m makes its image for a node running kernel kver when the image is missing: the
+// build and the sign of the kernel mapping that serves kver, each over the container's, as
+// upstream merges them (both nil: the image is only pulled).
+func Recipe(m *kmmv1beta1.Module, kver string) (*kmmv1beta1.Build, *kmmv1beta1.Sign) {
+	if m.Spec.DevicePluginOnly() {
+		return nil, nil
+	}
+	v, err := kernel.Parse(kver)
+	if err != nil {
+		return nil, nil
+	}
+	c := &m.Spec.ModuleLoader.Container
+	km, err := find(c.KernelMappings, v)
+	if err != nil || km == nil {
+		return nil, nil
+	}
+	b, s := c.Build, c.Sign
+	if km.Build != nil {
+		b = km.Build
+	}
+	if km.Sign != nil {
+		s = km.Sign
+	}
+	return b, s
+}
+
+// HasRecipe says whether m has a build or a sign anywhere (container or mapping).
+func HasRecipe(m *kmmv1beta1.Module) bool {
+	if m.Spec.DevicePluginOnly() {
+		return false
+	}
+	c := &m.Spec.ModuleLoader.Container
+	if c.Build != nil || c.Sign != nil {
+		return true
+	}
+	for i := range c.KernelMappings {
+		if c.KernelMappings[i].Build != nil || c.KernelMappings[i].Sign != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// Expand substitutes the kernel and Module variables of an image reference (or a path) for a node
+// running kernel kver, as the mapping's containerImage is.
+func Expand(m *kmmv1beta1.Module, kver, s string) (string, error) {
+	v, err := kernel.Parse(kver)
+	if err != nil {
+		return "", err
+	}
+	return kernel.ExpandImage(s, v, m.Name, m.Namespace)
+}
