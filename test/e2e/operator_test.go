@@ -100,6 +100,7 @@ func TestKMM(t *testing.T) {
 		{"a worker that cannot pull backs off, then recovers when the image is pushed", testBackOff},
 		{"kubectl kmm status and history", testKubectlKMM},
 		{"Modules deleted: unloaded, device plugin, labels and NMC gone, finalizers released", testDelete},
+		{"installed with the Helm chart instead: a Module loads and unloads, helm uninstall", testChart},
 	}
 	for _, s := range steps {
 		if !t.Run(s.name, func(t *testing.T) { s.run(t, k) }) {
