@@ -87,6 +87,13 @@ manifests: $(CONTROLLER_GEN) $(KUSTOMIZE) ## Generate CRDs, RBAC and webhook con
 chart: $(KUSTOMIZE) ## Generate the Helm chart's CRDs, RBAC and webhook configuration from config/ (part of make manifests).
 	$(KUSTOMIZE) build config/default | go run ./hack/kmm-chart charts/kmm
 
+# The OLM bundle (bundle/): a ClusterServiceVersion from config/default, validated with
+# operator-framework's validation library (hack/kmm-bundle, a module of its own: docs/install.md).
+.PHONY: bundle
+bundle: $(KUSTOMIZE) ## Generate the OLM bundle into bundle/ from config/ and validate it with operator-framework/api.
+	$(KUSTOMIZE) build config/default | (cd hack/kmm-bundle && go run . generate $(CURDIR)/bundle)
+	cd hack/kmm-bundle && go run . validate $(CURDIR)/bundle
+
 .PHONY: diagrams
 diagrams: ## Generate docs/state-diagrams/ from the state machine configuration.
 	go run ./hack/kmm-diagrams docs/state-diagrams
@@ -107,6 +114,7 @@ lint: $(GOLANGCI_LINT) ## Run golangci-lint (built from the Go module proxy).
 test: tools packages ## Run all tests: unit, property (RAPID_CHECKS interleavings), fuzz seeds and envtest integration tests.
 	@echo ">> property tests: $(RAPID_CHECKS) interleavings, RAPID_SEED=$(RAPID_SEED) (replay a failure with make test RAPID_SEED=$(RAPID_SEED))"
 	RAPID_CHECKS=$(RAPID_CHECKS) RAPID_SEED=$(RAPID_SEED) go test $(GO_TEST_FLAGS) ./...
+	cd hack/kmm-bundle && go test $(GO_TEST_FLAGS) ./...
 
 .PHONY: test-vm
 test-vm: ## Boot a Debian kernel under qemu (TCG) and check that the real worker loads and unloads real modules in it (test/vm).
@@ -182,9 +190,9 @@ chaos: tools ## Fault injection (test/chaos): manager kills, partitions, kube-ap
 	go test -tags chaos -count=1 -timeout 45m -v ./test/chaos/ -args -chaos.duration=$(CHAOS_DURATION) -chaos.seed=$(CHAOS_SEED) $(CHAOS_FLAGS)
 
 .PHONY: verify
-verify: generate manifests diagrams fmt ## Regenerate everything and fail if the tree changed; then vet and lint.
+verify: generate manifests bundle diagrams fmt ## Regenerate everything and fail if the tree changed; then vet and lint.
 	@if [ -n "$$(git status --porcelain)" ]; then \
-		echo "make verify: generated files or formatting are stale; commit the result of 'make generate manifests diagrams fmt':"; \
+		echo "make verify: generated files or formatting are stale; commit the result of 'make generate manifests bundle diagrams fmt':"; \
 		git status --porcelain; git --no-pager diff --stat; exit 1; fi
 	$(MAKE) vet lint
 
