@@ -85,38 +85,49 @@ func chartFiles(objs []object) (map[string]string, error) {
 	files := map[string]string{}
 	var roles []string
 	for _, o := range objs {
+		path, s, err := chartFile(o)
 		switch {
-		case o.kind() == "CustomResourceDefinition" && o.name() == "preflightvalidations.kmm.sigs.x-k8s.io":
-			s, err := crdTemplate(o)
-			if err != nil {
-				return nil, err
-			}
-			files["templates/generated-crd-preflightvalidations.yaml"] = header + s
-		case o.kind() == "CustomResourceDefinition":
-			s, err := toYAML(o)
-			if err != nil {
-				return nil, err
-			}
-			files["crds/"+o.name()+".yaml"] = header + s
-		case (o.kind() == "ClusterRole" || o.kind() == "Role") && o.name() == "kmm-manager-role":
-			s, err := templated(o, "")
-			if err != nil {
-				return nil, err
-			}
+		case err != nil:
+			return nil, err
+		case path == roleFile:
 			roles = append(roles, s)
-		case o.kind() == "ValidatingWebhookConfiguration":
-			s, err := webhookTemplate(o)
-			if err != nil {
-				return nil, err
-			}
-			files["templates/generated-webhook.yaml"] = header + s
+		case path != "":
+			files[path] = header + s
 		}
 	}
-	if len(roles) != 2 || files["templates/generated-webhook.yaml"] == "" || files["templates/generated-crd-preflightvalidations.yaml"] == "" {
+	if len(roles) != 2 || files[webhookFile] == "" || files[crdFile] == "" {
 		return nil, errors.New("config/default did not render kmm-manager-role (ClusterRole and Role), the webhook configuration and the PreflightValidation CRD")
 	}
-	files["templates/generated-manager-role.yaml"] = header + strings.Join(roles, "---\n")
+	files[roleFile] = header + strings.Join(roles, "---\n")
 	return files, nil
+}
+
+const (
+	crdFile     = "templates/generated-crd-preflightvalidations.yaml"
+	roleFile    = "templates/generated-manager-role.yaml"
+	webhookFile = "templates/generated-webhook.yaml"
+)
+
+// chartFile returns where o goes in the chart and its text; no path for an object the chart
+// writes by hand.
+func chartFile(o object) (string, string, error) {
+	var s string
+	var err error
+	switch {
+	case o.kind() == "CustomResourceDefinition" && o.name() == "preflightvalidations.kmm.sigs.x-k8s.io":
+		s, err = crdTemplate(o)
+		return crdFile, s, err
+	case o.kind() == "CustomResourceDefinition":
+		s, err = toYAML(o)
+		return "crds/" + o.name() + ".yaml", s, err
+	case (o.kind() == "ClusterRole" || o.kind() == "Role") && o.name() == "kmm-manager-role":
+		s, err = templated(o, "")
+		return roleFile, s, err
+	case o.kind() == "ValidatingWebhookConfiguration":
+		s, err = webhookTemplate(o)
+		return webhookFile, s, err
+	}
+	return "", "", nil
 }
 
 // crdTemplate makes the PreflightValidation CRD a template: its conversion webhook's Service is in

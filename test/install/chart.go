@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"helm.sh/helm/v4/pkg/action"
-	chart "helm.sh/helm/v4/pkg/chart/v2"
 	"helm.sh/helm/v4/pkg/chart/common"
+	chart "helm.sh/helm/v4/pkg/chart/v2"
 	"helm.sh/helm/v4/pkg/chart/v2/loader"
 	"helm.sh/helm/v4/pkg/kube"
 	kubefake "helm.sh/helm/v4/pkg/kube/fake"
@@ -135,7 +135,7 @@ func ChartAt(ctx context.Context, root, commit, tmpDir string) (string, error) {
 		return "", err
 	}
 	archive := exec.CommandContext(ctx, "git", "-C", root, "archive", "--format=tar", commit, ChartDir) //nolint:gosec // G204: git with our own arguments
-	tar := exec.CommandContext(ctx, "tar", "-x", "-C", dir)
+	tar := exec.CommandContext(ctx, "tar", "-x", "-C", dir)                                             //nolint:gosec // G204: tar into our own temporary directory
 	pipe, err := archive.StdoutPipe()
 	if err != nil {
 		return "", err

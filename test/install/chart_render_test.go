@@ -61,7 +61,9 @@ func TestChartMatchesKustomize(t *testing.T) {
 			}},
 		{"controller.secretsClusterWide false, config/components/namespaced-secrets",
 			map[string]any{"controller": map[string]any{"secretsClusterWide": false}},
-			func(t *testing.T) []*unstructured.Unstructured { return renderWithComponents(t, "default", namespacedSecrets) }},
+			func(t *testing.T) []*unstructured.Unstructured {
+				return renderWithComponents(t, "default", namespacedSecrets)
+			}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
