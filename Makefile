@@ -15,6 +15,8 @@ KUSTOMIZE_VERSION := v5.8.2
 CONTROLLER_GEN := $(BIN)/controller-gen
 GOLANGCI_LINT := $(BIN)/golangci-lint
 KUSTOMIZE := $(BIN)/kustomize
+HELM := $(BIN)/helm
+HELM_MOD := test/tools/helm/go.mod
 CONTROL_PLANE := $(BIN)/etcd $(BIN)/kube-apiserver $(BIN)/kube-controller-manager $(BIN)/kube-scheduler
 
 # envtest finds etcd and kube-apiserver here (see test/envtest).
@@ -72,11 +74,25 @@ generate: $(CONTROLLER_GEN) ## Generate deepcopy code.
 	$(CONTROLLER_GEN) object paths=./api/...
 
 .PHONY: manifests
-manifests: $(CONTROLLER_GEN) ## Generate CRDs, RBAC and webhook configuration into config/.
+manifests: $(CONTROLLER_GEN) $(KUSTOMIZE) ## Generate CRDs, RBAC and webhook configuration into config/, and from there into the Helm chart.
 	$(CONTROLLER_GEN) crd rbac:roleName=kmm-manager-role webhook paths=./... \
 		output:crd:artifacts:config=config/crd/bases \
 		output:rbac:artifacts:config=config/rbac \
 		output:webhook:artifacts:config=config/webhook
+	$(MAKE) chart
+
+# The chart's CRDs (crds/), manager Role and ClusterRole and webhook configuration
+# (templates/generated-*.yaml) come from controller-gen's output as config/default renders it.
+.PHONY: chart
+chart: $(KUSTOMIZE) ## Generate the Helm chart's CRDs, RBAC and webhook configuration from config/ (part of make manifests).
+	$(KUSTOMIZE) build config/default | go run ./hack/kmm-chart charts/kmm
+
+# The OLM bundle (bundle/): a ClusterServiceVersion from config/default, validated with
+# operator-framework's validation library (hack/kmm-bundle, a module of its own: docs/install.md).
+.PHONY: bundle
+bundle: $(KUSTOMIZE) ## Generate the OLM bundle into bundle/ from config/ and validate it with operator-framework/api.
+	$(KUSTOMIZE) build config/default | (cd hack/kmm-bundle && go run . generate $(CURDIR)/bundle)
+	cd hack/kmm-bundle && go run . validate $(CURDIR)/bundle
 
 .PHONY: diagrams
 diagrams: ## Generate docs/state-diagrams/ from the state machine configuration.
@@ -98,6 +114,7 @@ lint: $(GOLANGCI_LINT) ## Run golangci-lint (built from the Go module proxy).
 test: tools packages ## Run all tests: unit, property (RAPID_CHECKS interleavings), fuzz seeds and envtest integration tests.
 	@echo ">> property tests: $(RAPID_CHECKS) interleavings, RAPID_SEED=$(RAPID_SEED) (replay a failure with make test RAPID_SEED=$(RAPID_SEED))"
 	RAPID_CHECKS=$(RAPID_CHECKS) RAPID_SEED=$(RAPID_SEED) go test $(GO_TEST_FLAGS) ./...
+	cd hack/kmm-bundle && go test $(GO_TEST_FLAGS) ./...
 
 .PHONY: test-vm
 test-vm: ## Boot a Debian kernel under qemu (TCG) and check that the real worker loads and unloads real modules in it (test/vm).
@@ -173,9 +190,9 @@ chaos: tools ## Fault injection (test/chaos): manager kills, partitions, kube-ap
 	go test -tags chaos -count=1 -timeout 45m -v ./test/chaos/ -args -chaos.duration=$(CHAOS_DURATION) -chaos.seed=$(CHAOS_SEED) $(CHAOS_FLAGS)
 
 .PHONY: verify
-verify: generate manifests diagrams fmt ## Regenerate everything and fail if the tree changed; then vet and lint.
+verify: generate manifests bundle diagrams fmt ## Regenerate everything and fail if the tree changed; then vet and lint.
 	@if [ -n "$$(git status --porcelain)" ]; then \
-		echo "make verify: generated files or formatting are stale; commit the result of 'make generate manifests diagrams fmt':"; \
+		echo "make verify: generated files or formatting are stale; commit the result of 'make generate manifests bundle diagrams fmt':"; \
 		git status --porcelain; git --no-pager diff --stat; exit 1; fi
 	$(MAKE) vet lint
 
@@ -236,7 +253,7 @@ undeploy: $(KUSTOMIZE) ## Remove kmm from the cluster of $KUBECONFIG, CRDs last;
 ##@ Tools
 
 .PHONY: tools
-tools: $(CONTROL_PLANE) $(CONTROLLER_GEN) $(KUSTOMIZE) ## Build etcd, kube-apiserver, kube-controller-manager, kube-scheduler, controller-gen and kustomize into bin/ (once).
+tools: $(CONTROL_PLANE) $(CONTROLLER_GEN) $(KUSTOMIZE) $(HELM) ## Build etcd, kube-apiserver, kube-controller-manager, kube-scheduler, controller-gen, kustomize and helm into bin/ (once).
 
 .PHONY: packages
 packages: ## Install the Debian packages the tests need when missing.
@@ -253,6 +270,11 @@ $(BIN)/kube-%: $(TOOLS_MOD)
 $(BIN)/kubelet: $(TOOLS_MOD)
 	@echo ">> building kubelet into bin/ (first run only; about 90 s on 2 cores)"
 	cd test/tools && go build -o $@ k8s.io/kubernetes/cmd/kubelet
+
+# helm from its own module (test/tools/helm): its dependencies stay out of the control plane's.
+$(HELM): $(HELM_MOD)
+	@echo ">> building helm into bin/ (first run only)"
+	cd test/tools/helm && go build -o $@ helm.sh/helm/v4/cmd/helm
 
 $(CONTROLLER_GEN):
 	GOBIN=$(BIN) go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_TOOLS_VERSION)

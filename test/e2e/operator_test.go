@@ -101,6 +101,7 @@ func TestKMM(t *testing.T) {
 		{"kubectl kmm status and history", testKubectlKMM},
 		{"a Module with a DRA driver: driver Ready, DeviceClass, dra-ready; ordered upgrade held by an allocated claim", testDRA},
 		{"Modules deleted: unloaded, device plugin, DRA driver, DeviceClass, labels and NMC gone, finalizers released", testDelete},
+		{"installed with the Helm chart instead: a Module loads and unloads, helm uninstall", testChart},
 	}
 	for _, s := range steps {
 		if !t.Run(s.name, func(t *testing.T) { s.run(t, k) }) {

@@ -616,9 +616,15 @@ func scraper(t *testing.T, c client.Client, cs kubernetes.Interface, name string
 // controller does once their readiness probes pass.
 func publish(t *testing.T, c client.Client, port int32, replicas ...*replica) {
 	t.Helper()
+	publishIn(t, c, ns, port, replicas...)
+}
+
+// publishIn is publish for the webhook Service of an install in namespace.
+func publishIn(t *testing.T, c client.Client, namespace string, port int32, replicas ...*replica) {
+	t.Helper()
 	ctx := context.Background()
 	eps := &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Namespace: ns, Name: endpointSlice, Labels: map[string]string{discoveryv1.LabelServiceName: serviceName}},
+		ObjectMeta:  metav1.ObjectMeta{Namespace: namespace, Name: endpointSlice, Labels: map[string]string{discoveryv1.LabelServiceName: serviceName}},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("https"), Port: ptr.To(port), Protocol: ptr.To(corev1.ProtocolTCP)}},
 	}
