@@ -13,11 +13,13 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -136,12 +138,14 @@ func TestChartInstallUpgradeUninstall(t *testing.T) {
 	}
 	modA := helmModule("a")
 	var runsA int
+	revokeCurrent := func() {}
 
 	step("helm install (the previous chart): the webhook answers and a Module loads", func(t *testing.T) {
 		rel, err := h.Install(ctx, previous, helmRelease, nil, kube.HookOnlyStrategy, time.Minute)
 		if err != nil {
 			t.Fatalf("helm install: %v", err)
 		}
+		revokeCurrent = grantCurrentRules(t, admin, root)
 		rollout(t, rel)
 		if err := admin.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: helmModules}}); err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Fatal(err)
@@ -166,6 +170,7 @@ func TestChartInstallUpgradeUninstall(t *testing.T) {
 		if rel.Version != 2 {
 			t.Errorf("release version %d after the upgrade, want 2", rel.Version)
 		}
+		revokeCurrent() // the current chart's own role must be enough now
 		rollout(t, rel)
 		assertDeploymentIs(t, admin, rel)
 		// Barrier: a second Module loads, so the new operator has reconciled the node's
@@ -345,4 +350,53 @@ func assertDeploymentIs(t *testing.T, c client.Client, rel *releasev1.Release) {
 	if !slices.Equal(want, have) {
 		t.Errorf("the cluster's Deployment runs %q, the release %q", have, want)
 	}
+}
+
+// grantCurrentRules binds the current manager ClusterRole's rules (config/rbac/role.yaml,
+// controller-gen's output) to the release's ServiceAccount, and returns what removes them. The
+// operator the test runs under the previous chart is this commit's code, not the previous
+// commit's image: when this commit's operator needs a permission the previous chart did not grant
+// (a new controller's watch), it would fail for a reason an upgrade never meets, since the previous
+// image did not need it. The binding goes before the upgrade, so the current chart's own RBAC is
+// what the upgraded operator runs with.
+func grantCurrentRules(t *testing.T, admin client.Client, root string) func() {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(root, "config", "rbac", "role.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := install.Decode(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := install.Find(objs, "ClusterRole", "kmm-manager-role")
+	if u == nil {
+		t.Fatal("config/rbac/role.yaml has no ClusterRole kmm-manager-role")
+	}
+	role := &rbacv1.ClusterRole{}
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, role); err != nil {
+		t.Fatal(err)
+	}
+	const name = "kmm-helm-test-current-rules"
+	role.ObjectMeta = metav1.ObjectMeta{Name: name}
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: name},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: helmNamespace, Name: "kmm-controller-manager"}},
+	}
+	ctx := context.Background()
+	for _, o := range []client.Object{role, binding} {
+		if err := admin.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	revoke := func() {
+		for _, o := range []client.Object{binding, role} {
+			if err := admin.Delete(ctx, o); err != nil && !apierrors.IsNotFound(err) {
+				t.Errorf("removing %s: %v", name, err)
+			}
+		}
+	}
+	t.Cleanup(revoke)
+	return revoke
 }
