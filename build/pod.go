@@ -90,6 +90,7 @@ const (
 	FlagBaseSkipVerify = "--base-skip-verify"
 	FlagPushInsecure   = "--push-insecure"
 	FlagPushSkipVerify = "--push-skip-verify"
+	FlagUnprivileged   = "--unprivileged"
 )
 
 // resources: requests for scheduling, no CPU limit (a compile uses what the node gives), a memory

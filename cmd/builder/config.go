@@ -97,13 +97,19 @@ func fromLine(f []string, vars map[string]string) (ref, stage string) {
 	return ref, stage
 }
 
+// runcWrapper is the builder binary under another name (a link in the image): it runs runc with
+// --rootless=true, so that runc ignores the cgroups it cannot create in an unprivileged pod.
+const runcWrapper = "kmm-runc"
+
 // daemonConfig is buildkitd's configuration: the OCI worker on runc with the native snapshotter
 // (no overlay on the node's overlay), no containerd worker, and the registries' TLS settings.
-func daemonConfig(hosts map[string]tlsSetting, noProcessSandbox bool) string {
+// Unprivileged, the worker runs RUN steps as BuildKit's rootless mode does, though buildkitd is
+// root: no cgroups of their own (the pod's bound them) and no /sys, through runcWrapper.
+func daemonConfig(hosts map[string]tlsSetting, unprivileged bool, wrapper string) string {
 	var b strings.Builder
 	b.WriteString("[worker.oci]\n  enabled = true\n  snapshotter = \"native\"\n")
-	if noProcessSandbox {
-		b.WriteString("  noProcessSandbox = true\n")
+	if unprivileged {
+		fmt.Fprintf(&b, "  rootless = true\n  binary = %q\n", wrapper)
 	}
 	b.WriteString("[worker.containerd]\n  enabled = false\n")
 	names := make([]string, 0, len(hosts))

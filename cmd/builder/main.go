@@ -12,7 +12,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/kmm-project/kmm/build"
@@ -24,7 +27,7 @@ type options struct {
 	buildArgs                                                                listFlag
 	timeout                                                                  time.Duration
 	baseInsecure, baseSkipVerify, pushInsecure, pushSkipVerify               bool
-	noProcessSandbox                                                         bool
+	unprivileged                                                             bool
 }
 
 type listFlag struct{ values *[]string }
@@ -56,7 +59,7 @@ func parseFlags(args []string, errOut io.Writer) (options, []string, error) {
 	fs.BoolVar(&o.baseSkipVerify, name(build.FlagBaseSkipVerify), false, "Accept any certificate of the FROM images' registries.")
 	fs.BoolVar(&o.pushInsecure, name(build.FlagPushInsecure), false, "Push over plain HTTP.")
 	fs.BoolVar(&o.pushSkipVerify, name(build.FlagPushSkipVerify), false, "Accept any certificate of the push registry.")
-	fs.BoolVar(&o.noProcessSandbox, "no-process-sandbox", false, "Run RUN steps in buildkitd's PID namespace (BuildKit's --oci-worker-no-process-sandbox).")
+	fs.BoolVar(&o.unprivileged, name(build.FlagUnprivileged), false, "The pod is not privileged: RUN steps get no cgroups of their own and no /sys (runc --rootless=true).")
 	fs.StringVar(&o.terminationLog, "termination-log", "/dev/termination-log", "File the JSON result is written to.")
 	fs.StringVar(&o.buildkitd, "buildkitd", "/usr/local/bin/buildkitd", "buildkitd binary.")
 	fs.StringVar(&o.buildctl, "buildctl", "/usr/local/bin/buildctl", "buildctl binary.")
@@ -80,6 +83,9 @@ func parseFlags(args []string, errOut io.Writer) (options, []string, error) {
 }
 
 func main() {
+	if filepath.Base(os.Args[0]) == runcWrapper {
+		execRunc(os.Args[1:])
+	}
 	o, args, err := parseFlags(os.Args[1:], os.Stderr)
 	if err != nil {
 		os.Exit(2)
@@ -99,6 +105,16 @@ func main() {
 		code = 1
 	}
 	os.Exit(code)
+}
+
+// execRunc replaces the process with runc --rootless=true and args.
+func execRunc(args []string) {
+	runc, err := exec.LookPath("runc")
+	if err == nil {
+		err = syscall.Exec(runc, append([]string{"runc", "--rootless=true"}, args...), os.Environ()) //nolint:gosec // G204: runc, for buildkitd
+	}
+	fmt.Fprintf(os.Stderr, "%s: %v\n", runcWrapper, err)
+	os.Exit(127)
 }
 
 func writeResult(file string, r build.Result) error {

@@ -48,7 +48,7 @@ func run(ctx context.Context, o options, args []string, logOut io.Writer) build.
 		return fail(err)
 	}
 	defer func() { _ = os.RemoveAll(work) }()
-	stop, err := startDaemon(ctx, o, work, daemonConfig(hosts, o.noProcessSandbox), out)
+	stop, err := startDaemon(ctx, o, work, daemonConfig(hosts, o.unprivileged, filepath.Join(filepath.Dir(o.buildkitd), runcWrapper)), out)
 	if err != nil {
 		return fail(fmt.Errorf("starting buildkitd: %w", err))
 	}
@@ -74,8 +74,10 @@ func startDaemon(ctx context.Context, o options, work, config string, out io.Wri
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	// exited is closed once buildkitd is gone; waitErr is then its exit status.
+	exited := make(chan struct{})
+	var waitErr error
+	go func() { waitErr = cmd.Wait(); close(exited) }()
 	stop = func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {
@@ -85,7 +87,7 @@ func startDaemon(ctx context.Context, o options, work, config string, out io.Wri
 			<-exited
 		}
 	}
-	if err := waitSocket(ctx, sock, exited); err != nil {
+	if err := waitSocket(ctx, sock, exited, func() error { return waitErr }); err != nil {
 		stop()
 		return nil, err
 	}
@@ -94,7 +96,7 @@ func startDaemon(ctx context.Context, o options, work, config string, out io.Wri
 
 // waitSocket waits for buildkitd's socket with a back-off (10 ms doubling to 500 ms), for at most
 // daemonStartTimeout, or until buildkitd exits.
-func waitSocket(ctx context.Context, sock string, exited <-chan error) error {
+func waitSocket(ctx context.Context, sock string, exited <-chan struct{}, status func() error) error {
 	ctx, cancel := context.WithTimeout(ctx, daemonStartTimeout)
 	defer cancel()
 	for wait := 10 * time.Millisecond; ; wait = min(2*wait, 500*time.Millisecond) {
@@ -102,8 +104,8 @@ func waitSocket(ctx context.Context, sock string, exited <-chan error) error {
 			return c.Close()
 		}
 		select {
-		case err := <-exited:
-			return fmt.Errorf("buildkitd exited: %v", err)
+		case <-exited:
+			return fmt.Errorf("buildkitd exited: %v", status())
 		case <-ctx.Done():
 			return fmt.Errorf("buildkitd did not answer: %w", ctx.Err())
 		case <-time.After(wait):

@@ -18,6 +18,9 @@ const (
 	builderPath   = "usr/local/bin/builder"
 	buildkitdPath = "usr/local/bin/buildkitd"
 	buildctlPath  = "usr/local/bin/buildctl"
+	// kmmRuncPath is a link to the builder, which runs as runc --rootless=true under that name
+	// (cmd/builder: the runc of an unprivileged build pod).
+	kmmRuncPath = "usr/local/bin/kmm-runc"
 	// buildkitModule is the Go module that pins BuildKit (hack/buildkit), apart from kmm's.
 	buildkitModule = "hack/buildkit"
 )
@@ -64,7 +67,8 @@ func goBuildBuilder(ctx context.Context, repo string, p platform, cache string) 
 // assembleBuilder builds the builder image index:
 //
 //	layer 1 the CA bundle (the same blob as the other images'); layer 2 runc with its libraries
-//	and loader from Debian; layer 3 buildkitd and buildctl; layer 4 /usr/local/bin/builder
+//	and loader from Debian; layer 3 buildkitd and buildctl; layer 4 /usr/local/bin/builder and
+//	the link /usr/local/bin/kmm-runc to it
 func assembleBuilder(ctx context.Context, platforms []platform, bins map[string]builderBinaries, deb *debian, epoch time.Time) (v1.ImageIndex, error) {
 	ca, err := deb.caBundle(ctx, platforms[0])
 	if err != nil {
@@ -116,12 +120,12 @@ func builderImage(ctx context.Context, p platform, b builderBinaries, deb *debia
 	if err != nil {
 		return nil, err
 	}
-	builderLayer, err := layer(map[string]*node{builderPath: builder}, epoch)
+	builderLayer, err := layer(map[string]*node{builderPath: builder, kmmRuncPath: {Type: tar.TypeSymlink, Link: "builder"}}, epoch)
 	if err != nil {
 		return nil, err
 	}
 	return image(p, epoch, v1.Config{Entrypoint: []string{"/" + builderPath}, Env: []string{defaultPath}},
 		ca, namedLayer{runcLayer, "runc and its libraries from Debian's " + joinPackages(t, c.Keys)},
 		namedLayer{bkLayer, "buildkitd and buildctl (go build of github.com/moby/buildkit, hack/buildkit)"},
-		namedLayer{builderLayer, "/" + builderPath + " (go build ./cmd/builder)"})
+		namedLayer{builderLayer, "/" + builderPath + " (go build ./cmd/builder) and its link /" + kmmRuncPath})
 }
