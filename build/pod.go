@@ -83,7 +83,7 @@ const (
 	FlagImage          = "--image"
 	FlagBuildArg       = "--build-arg"
 	FlagDockerConfig   = "--docker-config"
-	FlagSecretsDir     = "--secrets-dir"
+	FlagSecretsDir     = "--secrets-dir" //nolint:gosec // G101: a flag name, not a credential
 	FlagStateDir       = "--state-dir"
 	FlagTimeout        = "--timeout"
 	FlagBaseInsecure   = "--base-insecure"
@@ -162,7 +162,7 @@ func (r Request) check() error {
 	return errors.Join(errs...)
 }
 
-// BuildArgs returns the build arguments of r in order: the user's (without the names kmm sets),
+// BuildArgsWithKMM returns the build arguments of r in order: the user's (without the names kmm sets),
 // then kmm's four.
 func (r Request) BuildArgsWithKMM() []kmmv1beta1.BuildArg {
 	kmm := []kmmv1beta1.BuildArg{
@@ -190,7 +190,7 @@ func reserved(name string) bool {
 
 func (r Request) args() []string {
 	args := []string{FlagDockerfileDir, DockerfileDir, FlagImage, r.Image, FlagStateDir, StateDir,
-		FlagTimeout, (Deadline - time.Minute).String()}
+		FlagTimeout, (Deadline - time.Minute).String(), FlagUnprivileged}
 	for _, a := range r.BuildArgsWithKMM() {
 		args = append(args, FlagBuildArg, a.Name+"="+a.Value)
 	}
@@ -265,7 +265,15 @@ func copyMap(m map[string]string) map[string]string {
 	return out
 }
 
-// securityContext: see docs/install.md "Security" for why the build pod needs it.
+// securityContext is the least the build pod needs on a real node (docs/install.md "Security"):
+// root with CAP_SYS_ADMIN, so that runc can make the namespaces and mounts of each RUN step and
+// BuildKit can mount overlayfs, under the runtime's default seccomp profile, not privileged. The
+// builder is told (FlagUnprivileged) to run runc without cgroups of its own (the pod's are
+// read-only), without a session keyring and without pivot_root(2) (both refused by that profile).
 func securityContext() *corev1.SecurityContext {
-	return &corev1.SecurityContext{Privileged: ptr.To(true), RunAsUser: ptr.To(int64(0))}
+	return &corev1.SecurityContext{
+		RunAsUser:      ptr.To(int64(0)),
+		Capabilities:   &corev1.Capabilities{Add: []corev1.Capability{"SYS_ADMIN"}},
+		SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+	}
 }

@@ -170,6 +170,24 @@ func TestPod(t *testing.T) {
 				t.Errorf("builder timeout %q, want a minute under the deadline", args[FlagTimeout])
 			}
 		}},
+		{"unprivileged: root with CAP_SYS_ADMIN under the runtime's seccomp profile, and the builder told so", nil, func(t *testing.T, p *corev1.Pod, args map[string][]string) {
+			sc := p.Spec.Containers[0].SecurityContext
+			switch {
+			case sc == nil:
+				t.Fatal("no security context")
+			case sc.Privileged != nil && *sc.Privileged:
+				t.Error("the build pod is privileged")
+			case sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Add, []corev1.Capability{"SYS_ADMIN"}) || len(sc.Capabilities.Drop) != 0:
+				t.Errorf("capabilities %+v, want the runtime's default set and SYS_ADMIN", sc.Capabilities)
+			case sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault:
+				t.Errorf("seccomp %+v, want RuntimeDefault", sc.SeccompProfile)
+			case sc.RunAsUser == nil || *sc.RunAsUser != 0:
+				t.Errorf("runAsUser %v, want 0", sc.RunAsUser)
+			}
+			if _, ok := args[FlagUnprivileged]; !ok {
+				t.Errorf("%s not given: buildkitd would make cgroups and pivot_root the pod cannot", FlagUnprivileged)
+			}
+		}},
 		{"BuildKit's state and /tmp are emptyDirs", nil, func(t *testing.T, p *corev1.Pod, _ map[string][]string) {
 			for _, dir := range []string{StateDir, "/tmp"} {
 				m := mountAt(p.Spec.Containers[0], dir)

@@ -101,13 +101,14 @@ func fromLine(f []string, vars map[string]string) (ref, stage string) {
 // --rootless=true, so that runc ignores the cgroups it cannot create in an unprivileged pod.
 const runcWrapper = "kmm-runc"
 
-// daemonConfig is buildkitd's configuration: the OCI worker on runc with the native snapshotter
-// (no overlay on the node's overlay), no containerd worker, and the registries' TLS settings.
+// daemonConfig is buildkitd's configuration: the OCI worker on runc with the snapshotter BuildKit
+// picks (overlayfs where the state directory allows it, native copies on an overlay), no containerd
+// worker, and the registries' TLS settings.
 // Unprivileged, the worker runs RUN steps as BuildKit's rootless mode does, though buildkitd is
 // root: no cgroups of their own (the pod's bound them) and no /sys, through runcWrapper.
 func daemonConfig(hosts map[string]tlsSetting, unprivileged bool, wrapper string) string {
 	var b strings.Builder
-	b.WriteString("[worker.oci]\n  enabled = true\n  snapshotter = \"native\"\n")
+	b.WriteString("[worker.oci]\n  enabled = true\n  snapshotter = \"auto\"\n")
 	if unprivileged {
 		fmt.Fprintf(&b, "  rootless = true\n  binary = %q\n", wrapper)
 	}

@@ -1,8 +1,9 @@
 // Command builder is the entrypoint of kmm's builder image: a one-shot build in a pod. It starts
-// BuildKit's daemon (buildkitd, OCI worker on runc, native snapshotter) inside the pod, has buildctl
+// BuildKit's daemon (buildkitd, OCI worker on runc) inside the pod, has buildctl
 // build the Dockerfile of the mounted ConfigMap and push the image, stops the daemon, and writes
 // the result — the pushed digest, or the tail of the build log — as the pod's termination message
-// (build.Result). The flags are those build.Pod passes (package build).
+// (build.Result). The flags are those build.Pod passes (package build). Run under the name
+// kmm-runc (a link in the image) it is the runc buildkitd runs in an unprivileged pod instead.
 package main
 
 import (
@@ -107,14 +108,41 @@ func main() {
 	os.Exit(code)
 }
 
-// execRunc replaces the process with runc --rootless=true and args.
+// execRunc replaces the process with runc, adding --rootless=true (ignore the cgroups an
+// unprivileged pod cannot create) and, to run and create, --no-new-keyring and --no-pivot: the
+// runtime's default seccomp profile refuses the session keyring runc would make (keyctl) and
+// pivot_root(2); runc then enters the step's root file system with MS_MOVE and chroot.
 func execRunc(args []string) {
 	runc, err := exec.LookPath("runc")
 	if err == nil {
-		err = syscall.Exec(runc, append([]string{"runc", "--rootless=true"}, args...), os.Environ()) //nolint:gosec // G204: runc, for buildkitd
+		err = syscall.Exec(runc, runcArgs(args), os.Environ()) //nolint:gosec // G204: runc, for buildkitd
 	}
 	fmt.Fprintf(os.Stderr, "%s: %v\n", runcWrapper, err)
 	os.Exit(127)
+}
+
+// runcGlobalValueFlags are runc's global flags that take a separate value.
+var runcGlobalValueFlags = map[string]bool{"--log": true, "--log-format": true, "--root": true, "--criu": true}
+
+// runcArgs is runc's argv for buildkitd's args.
+func runcArgs(args []string) []string {
+	out := []string{"runc", "--rootless=true"}
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		out = append(out, a)
+		switch {
+		case runcGlobalValueFlags[a] && i+1 < len(args):
+			i++
+			out = append(out, args[i])
+		case strings.HasPrefix(a, "-"):
+		default: // the subcommand: the rest is its own
+			if a == "run" || a == "create" {
+				out = append(out, "--no-new-keyring", "--no-pivot")
+			}
+			return append(out, args[i+1:]...)
+		}
+	}
+	return out
 }
 
 func writeResult(file string, r build.Result) error {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -191,10 +192,11 @@ func TestRunBuildsPushesAndReportsTheDigest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := "[worker.oci]\n  enabled = true\n  snapshotter = \"native\"\n[worker.containerd]\n  enabled = false\n" +
+	want := "[worker.oci]\n  enabled = true\n  snapshotter = \"auto\"\n  rootless = true\n  binary = \"<dir of buildkitd>/kmm-runc\"\n[worker.containerd]\n  enabled = false\n" +
 		"[registry.\"base.example.com\"]\n  http = true\n  insecure = false\n" +
 		"[registry.\"push.example.com:5000\"]\n  http = false\n  insecure = true\n"
-	if string(cfg) != want {
+	got := regexp.MustCompile(`binary = ".*/kmm-runc"`).ReplaceAllString(string(cfg), `binary = "<dir of buildkitd>/kmm-runc"`)
+	if got != want {
 		t.Errorf("buildkitd.toml:\n%s\nwant:\n%s", cfg, want)
 	}
 }
@@ -255,7 +257,7 @@ func fakeBinary(t *testing.T, dir, role string) string {
 	}
 	p := filepath.Join(dir, role)
 	script := "#!/bin/sh\nFAKE_BUILDKIT=" + role + " exec " + self + " \"$@\"\n"
-	if err := os.WriteFile(p, []byte(script), 0o700); err != nil { //nolint:gosec // G306: an executable test helper
+	if err := os.WriteFile(p, []byte(script), 0o700); err != nil {
 		t.Fatal(err)
 	}
 	return p
@@ -306,11 +308,26 @@ func TestParseFlagsRefuses(t *testing.T) {
 
 func TestDaemonConfigUnprivileged(t *testing.T) {
 	got := daemonConfig(nil, true, "/usr/local/bin/kmm-runc")
-	want := "[worker.oci]\n  enabled = true\n  snapshotter = \"native\"\n  rootless = true\n  binary = \"/usr/local/bin/kmm-runc\"\n[worker.containerd]\n  enabled = false\n"
+	want := "[worker.oci]\n  enabled = true\n  snapshotter = \"auto\"\n  rootless = true\n  binary = \"/usr/local/bin/kmm-runc\"\n[worker.containerd]\n  enabled = false\n"
 	if got != want {
 		t.Errorf("buildkitd.toml:\n%s\nwant:\n%s", got, want)
 	}
 	if strings.Contains(daemonConfig(nil, false, "/usr/local/bin/kmm-runc"), "rootless") {
 		t.Error("a privileged pod's buildkitd gets the rootless worker")
+	}
+}
+
+func TestRuncArgs(t *testing.T) {
+	tests := []struct{ in, want []string }{
+		{[]string{"--log", "/x/log.json", "--log-format", "json", "run", "--bundle", "/b", "id"},
+			[]string{"runc", "--rootless=true", "--log", "/x/log.json", "--log-format", "json", "run", "--no-new-keyring", "--no-pivot", "--bundle", "/b", "id"}},
+		{[]string{"--root", "/r", "create", "id"}, []string{"runc", "--rootless=true", "--root", "/r", "create", "--no-new-keyring", "--no-pivot", "id"}},
+		{[]string{"--log", "run", "kill", "id", "run"}, []string{"runc", "--rootless=true", "--log", "run", "kill", "id", "run"}},
+		{[]string{"--version"}, []string{"runc", "--rootless=true", "--version"}},
+	}
+	for _, tt := range tests {
+		if got := runcArgs(tt.in); !slices.Equal(got, tt.want) {
+			t.Errorf("runcArgs(%q) = %q, want %q", tt.in, got, tt.want)
+		}
 	}
 }

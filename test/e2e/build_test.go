@@ -115,12 +115,12 @@ func TestBuild(t *testing.T) {
 
 // builderImage builds kmm-builder for this machine's platform into the run's folder.
 func builderImage(logFile string) error {
-	log, err := os.Create(logFile) //nolint:gosec // G304: the run's log folder
+	log, err := os.Create(logFile)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = log.Close() }()
-	cmd := exec.Command("go", "run", "./hack/images", "builder", "--platforms", "linux/"+runtime.GOARCH, //nolint:gosec // G204: our own build
+	cmd := exec.Command("go", "run", "./hack/images", "builder", "--platforms", "linux/"+runtime.GOARCH,
 		"--out", filepath.Join(shared.dir, "images"), "--cache", filepath.Join(shared.root, "bin", "images", "cache"))
 	cmd.Dir, cmd.Stdout, cmd.Stderr = shared.root, log, log
 	if err := cmd.Run(); err != nil {

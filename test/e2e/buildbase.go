@@ -240,7 +240,7 @@ func addKernelFile(t map[string]*baseEntry, cacheRoot, name, p string, info os.F
 		}
 		t[name] = &baseEntry{typ: tar.TypeSymlink, link: link}
 	case info.Mode().IsRegular():
-		data, err := os.ReadFile(p) //nolint:gosec // G304: the kernel cache
+		data, err := os.ReadFile(p)
 		if err != nil {
 			return err
 		}
