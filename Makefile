@@ -106,12 +106,13 @@ test-vm: ## Boot a Debian kernel under qemu (TCG) and check that the real worker
 
 # The trap undoes the cluster's host side effects when the test dies without its own teardown (a
 # `go test -timeout` panic runs no deferred function); after a clean teardown it finds nothing to do.
-# TestKMM runs `make images` for this machine's platform itself and installs with bin/kustomize.
+# TestKMM runs `make images` for this machine's platform itself and installs with bin/kustomize;
+# TestBuild builds the builder image (BuildKit from Go source: minutes on a cold Go cache), hence 20m.
 .PHONY: e2e
 e2e: $(CONTROL_PLANE) $(BIN)/kubelet $(KUSTOMIZE) ## Run kmm from its own images, installed from config/, on a real node (kubelet, containerd, runc) of a local control plane (test/e2e, as root; docs/e2e.md).
 	@test/scripts/ensure-packages.sh $(E2E_PACKAGES)
 	go build -o $(BIN)/e2e-cleanup ./test/e2e/cleanup
-	trap '$(BIN)/e2e-cleanup $(E2E_DIR)' EXIT; go test -tags e2e -count=1 -timeout 15m -v -run '$(E2E_RUN)' ./test/e2e/
+	trap '$(BIN)/e2e-cleanup $(E2E_DIR)' EXIT; go test -tags e2e -count=1 -timeout 20m -v -run '$(E2E_RUN)' ./test/e2e/
 
 # The qemu guest joined as a second node: real modules loaded by kmm's worker pods into a Debian
 # kernel (docs/e2e.md). A separate run (its own cluster): kmm is installed without dry-run there.
