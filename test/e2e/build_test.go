@@ -69,13 +69,10 @@ func TestBuild(t *testing.T) {
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	cm, err := cs.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Name: "kmod-dockerfile"},
-		Data:       map[string]string{build.DockerfileKey: kmodDockerfile(e2e.KmodSourceText())},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	cm := createDockerfile(t, c, ns, "kmod-dockerfile", kmodDockerfile(e2e.KmodSourceText()))
+	// A Dockerfile whose RUN step fails, built beside: the pod fails and its termination message
+	// carries the step's output.
+	broken := createDockerfile(t, c, ns, "broken-dockerfile", brokenDockerfile)
 	// The registry takes anonymous pushes: the secret shows the mount and DOCKER_CONFIG path work,
 	// not that credentials are checked.
 	if _, err := cs.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{
@@ -85,25 +82,22 @@ func TestBuild(t *testing.T) {
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	image := c.NodeRegistryAddr() + "/kmm-e2e/built-kmod:" + k.Release
-	pod, err := build.Pod(build.Request{
-		Namespace: ns, ModuleName: "kmm-build", PodName: "kmm-build-" + strings.ReplaceAll(k.Release, ".", "-"), Kernel: k.Release,
-		Image: image, BuilderImage: builderRef, DockerfileConfigMap: cm.Name,
-		BuildArgs:            []kmmv1beta1.BuildArg{{Name: "BASE", Value: c.NodeRegistryAddr() + "/kmm-e2e/build-base:" + k.Release}},
-		PullSecret:           &corev1.LocalObjectReference{Name: "push-secret"},
-		BaseImageRegistryTLS: kmmv1beta1.TLSOptions{Insecure: true},
-		PushRegistryTLS:      kmmv1beta1.TLSOptions{Insecure: true},
-		NodeSelector:         map[string]string{"kubernetes.io/hostname": c.NodeName()},
-		Labels:               map[string]string{"app": "kmm-e2e-build"},
-		Owner:                metav1.OwnerReference{APIVersion: "v1", Kind: "ConfigMap", Name: cm.Name, UID: cm.UID},
-	})
-	if err != nil {
-		t.Fatal(err)
+	request := func(cm *corev1.ConfigMap, module string) build.Request {
+		return build.Request{
+			Namespace: ns, ModuleName: module, PodName: module + "-" + strings.ReplaceAll(k.Release, ".", "-"), Kernel: k.Release,
+			Image: c.NodeRegistryAddr() + "/kmm-e2e/" + module + ":" + k.Release, BuilderImage: builderRef, DockerfileConfigMap: cm.Name,
+			BuildArgs:            []kmmv1beta1.BuildArg{{Name: "BASE", Value: c.NodeRegistryAddr() + "/kmm-e2e/build-base:" + k.Release}},
+			PullSecret:           &corev1.LocalObjectReference{Name: "push-secret"},
+			BaseImageRegistryTLS: kmmv1beta1.TLSOptions{Insecure: true},
+			PushRegistryTLS:      kmmv1beta1.TLSOptions{Insecure: true},
+			NodeSelector:         map[string]string{"kubernetes.io/hostname": c.NodeName()},
+			Labels:               map[string]string{"app": "kmm-e2e-build"},
+			Owner:                metav1.OwnerReference{APIVersion: "v1", Kind: "ConfigMap", Name: cm.Name, UID: cm.UID},
+		}
 	}
 	start = time.Now()
-	if _, err := cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	pod := createBuildPod(t, c, request(cm, "kmm-build"))
+	failing := createBuildPod(t, c, request(broken, "kmm-broken"))
 	done := waitPodDone(t, c, ns, pod.Name, 10*time.Minute)
 	tm.add("build: build pod created → Succeeded (BuildKit in the pod, kmod compiled, pushed)", start)
 	res := buildResult(t, done)
@@ -111,6 +105,49 @@ func TestBuild(t *testing.T) {
 		t.Fatalf("build pod %s: %s\nmessage: %s\nlog tail:\n%s", done.Name, done.Status.Phase, res.Message, res.Log)
 	}
 	checkBuiltImage(t, c, k, res)
+
+	failed := waitPodDone(t, c, ns, failing.Name, 5*time.Minute)
+	tm.add("build: failing build pod created → Failed, its log tail in the termination message", start)
+	fres := buildResult(t, failed)
+	switch {
+	case failed.Status.Phase != corev1.PodFailed || fres.Succeeded():
+		t.Errorf("the failing build: pod %s, result %+v", failed.Status.Phase, fres)
+	case !strings.Contains(fres.Log, "kmm-e2e: the step's own output") || !strings.Contains(fres.Log, "did not complete successfully"):
+		t.Errorf("the failing build's log tail lacks the step's output or BuildKit's verdict:\n%s", fres.Log)
+	default:
+		t.Logf("failing build: %s; log tail %d bytes", fres.Message, len(fres.Log))
+	}
+}
+
+// brokenDockerfile fails in its RUN step after printing a line.
+const brokenDockerfile = `ARG BASE
+FROM ${BASE}
+RUN echo "kmm-e2e: the step's own output" && make -C /nonexistent
+`
+
+func createDockerfile(t *testing.T, c *e2e.Cluster, ns, name, dockerfile string) *corev1.ConfigMap {
+	t.Helper()
+	cm, err := c.Clientset().CoreV1().ConfigMaps(ns).Create(context.Background(), &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Data:       map[string]string{build.DockerfileKey: dockerfile},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cm
+}
+
+// createBuildPod creates the pod build.Pod makes for r, as the image controller will.
+func createBuildPod(t *testing.T, c *e2e.Cluster, r build.Request) *corev1.Pod {
+	t.Helper()
+	pod, err := build.Pod(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Clientset().CoreV1().Pods(r.Namespace).Create(context.Background(), pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return pod
 }
 
 // builderImage builds kmm-builder for this machine's platform into the run's folder.
@@ -173,7 +210,11 @@ func buildResult(t *testing.T, p *corev1.Pod) build.Result {
 // version kmm's build arguments gave it.
 func checkBuiltImage(t *testing.T, c *e2e.Cluster, k *e2e.DebianKernel, res build.Result) {
 	t.Helper()
-	ref, err := name.ParseReference(c.RegistryAddr()+"/kmm-e2e/built-kmod@"+res.Digest, name.Insecure)
+	pushed, err := name.ParseReference(res.Image, name.Insecure)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, err := name.ParseReference(c.RegistryAddr()+"/"+pushed.Context().RepositoryStr()+"@"+res.Digest, name.Insecure)
 	if err != nil {
 		t.Fatal(err)
 	}
