@@ -202,8 +202,9 @@ func podFact(p *corev1.Pod) (image.Pod, bool) {
 	return f, true
 }
 
-// failureMessage says why a pod failed: the worker's result (reason: message) or the container's
-// termination message (a build's log tail), else the pod's own reason (DeadlineExceeded, Evicted).
+// failureMessage says why a pod failed: the worker's result (reason: message), the builder's
+// (its message, then the tail of the build log), or the container's termination message (the
+// kubelet's log tail of a container that wrote none), else the pod's own reason (DeadlineExceeded, Evicted).
 func failureMessage(p *corev1.Pod) string {
 	for _, cs := range p.Status.ContainerStatuses {
 		t := cs.State.Terminated
@@ -212,6 +213,9 @@ func failureMessage(p *corev1.Pod) string {
 		}
 		if res, err := contract.ParseResult([]byte(t.Message)); err == nil && res.Outcome == contract.OutcomeFailed {
 			return tail(fmt.Sprintf("%s: %s", res.Reason, res.Message))
+		}
+		if res, err := build.ParseResult([]byte(t.Message)); err == nil && res.Message != "" {
+			return tail(strings.TrimSpace(res.Message + "\n" + res.Log))
 		}
 		if msg := strings.TrimSpace(t.Message); msg != "" {
 			return tail(msg)

@@ -118,6 +118,10 @@ func TestFailureMessage(t *testing.T) {
 	if !ok || f.Run != 2 || f.Phase != image.PodFailed || f.Message != "SignKey: the key is not the certificate's" {
 		t.Fatalf("sign failure %+v", f)
 	}
+	b, ok := podFact(term(`{"image":"reg.example/kmod:6.1","message":"the build failed: exit code 2","log":"#5 [2/3] RUN make\nError 2"}`))
+	if !ok || b.Message != "the build failed: exit code 2\n#5 [2/3] RUN make\nError 2" {
+		t.Fatalf("build failure %+v", b)
+	}
 	long := strings.Repeat("x", 5000) + "Error 2"
 	if f, _ := podFact(term(long)); len(f.Message) > maxPodMessage+len("…") || !strings.HasSuffix(f.Message, "Error 2") {
 		t.Fatalf("build log tail of %d bytes, want the last %d", len(f.Message), maxPodMessage)

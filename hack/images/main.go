@@ -4,6 +4,7 @@
 //	images build [--out bin/images] [--cache bin/images/cache] [--platforms linux/amd64,linux/arm64]
 //	       [--epoch <unix seconds>] [--tag dev] [--suite bookworm] [--mirror <url>] [--security-mirror <url>]
 //	       [--apt-max-age 24h]
+//	images builder [the flags of build]
 //	images push --layout <dir> --ref <registry/repository:tag>
 //
 // build cross-compiles the static manager and worker binaries for every platform (CGO off,
@@ -22,6 +23,10 @@
 // modes, and the binaries carry no build ID, so two builds of one commit with the same Debian
 // packages have the same digests. Downloaded packages stay under --cache.
 //
+// builder builds the third image, kmm-builder, the same way: kmm's cmd/builder and BuildKit's
+// buildkitd and buildctl (from the hack/buildkit module) static, Debian's runc with its library
+// closure, the CA bundle; written to <out>/kmm-builder.
+//
 // push copies the image index of a layout to a registry; registries on localhost and 127.0.0.1 are
 // reached over plain HTTP. docs/images.md describes the images and the build.
 package main
@@ -34,6 +39,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -53,15 +59,17 @@ func main() {
 // run dispatches to the subcommand named by args[0].
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return errors.New("usage: images build|push [flags]")
+		return errors.New("usage: images build|builder|push [flags]")
 	}
 	switch args[0] {
 	case "build":
 		return runBuild(ctx, args[1:], stdout, stderr)
+	case "builder":
+		return runBuilder(ctx, args[1:], stdout, stderr)
 	case "push":
 		return runPush(ctx, args[1:], stdout, stderr)
 	default:
-		return fmt.Errorf("unknown subcommand %q: want build or push", args[0])
+		return fmt.Errorf("unknown subcommand %q: want build, builder or push", args[0])
 	}
 }
 
@@ -155,4 +163,64 @@ func parseEpoch(s string) (time.Time, error) {
 		return time.Time{}, fmt.Errorf("epoch %q: want non-negative Unix seconds", s)
 	}
 	return time.Unix(n, 0).UTC(), nil
+}
+
+// runBuilder builds the builder image (kmm-builder) into <out>/kmm-builder.
+func runBuilder(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("builder", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	out := fs.String("out", "bin/images", "Directory of the OCI layout (kmm-builder).")
+	cache := fs.String("cache", "bin/images/cache", "Directory of the private apt state, the downloaded .deb files and the Go binaries.")
+	plats := fs.String("platforms", "linux/amd64,linux/arm64", "Platforms of the image index.")
+	epoch := fs.String("epoch", os.Getenv("SOURCE_DATE_EPOCH"), "Time of every file and of the image config, in Unix seconds (default $SOURCE_DATE_EPOCH, else 0).")
+	tag := fs.String("tag", "dev", "Tag recorded in the layout's index.json.")
+	suite := fs.String("suite", "bookworm", "Debian release runc comes from.")
+	mirror := fs.String("mirror", "http://deb.debian.org/debian", "Debian archive.")
+	security := fs.String("security-mirror", "http://deb.debian.org/debian-security", "Debian security archive (\"\" for none).")
+	maxAge := fs.Duration("apt-max-age", 24*time.Hour, "Age after which the private apt lists are refreshed (apt-get update).")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 0 {
+		return fmt.Errorf("builder takes no arguments, got %q", fs.Args())
+	}
+	when, err := parseEpoch(*epoch)
+	if err != nil {
+		return err
+	}
+	platforms, err := parsePlatforms(*plats)
+	if err != nil {
+		return err
+	}
+	deb := &debian{Dir: *cache, Mirror: *mirror, SecurityMirror: *security, Suite: *suite, MaxAge: *maxAge, Log: stderr}
+	start := time.Now()
+	bins := map[string]builderBinaries{}
+	for _, p := range platforms {
+		_, _ = fmt.Fprintf(stderr, ">> go build builder, buildkitd, buildctl %s\n", p)
+		b, err := goBuildBuilder(ctx, ".", p, *cache)
+		if err != nil {
+			return err
+		}
+		bins[p.String()] = b
+	}
+	unlock, err := lockDir(*cache)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	idx, err := assembleBuilder(ctx, platforms, bins, deb, when)
+	if err != nil {
+		return err
+	}
+	dir := filepath.Join(*out, builderName)
+	if err := writeLayout(dir, idx, *tag); err != nil {
+		return err
+	}
+	d, err := idx.Digest()
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(stdout, "%s\t%s\t%s\n", builderName, d, dir)
+	_, _ = fmt.Fprintf(stderr, ">> builder image built in %s\n", time.Since(start).Round(100*time.Millisecond))
+	return err
 }

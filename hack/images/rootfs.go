@@ -302,32 +302,22 @@ var kmodPrograms = []string{"sbin/modprobe", "sbin/depmod", "usr/sbin/modprobe"}
 // files need a library or loader not yet there, and returns the tree and the closure of
 // kmodPrograms in it.
 func (d *debian) kmodFiles(ctx context.Context, p platform) (tree, closure, error) {
+	return d.programFiles(ctx, p, []string{"kmod"}, kmodPrograms)
+}
+
+// programFiles fetches the packages roots for p and, round by round, the dependencies of the
+// packages whose ELF files need a library or loader not yet there, and returns the tree and the
+// closure of programs in it.
+func (d *debian) programFiles(ctx context.Context, p platform, roots, programs []string) (tree, closure, error) {
 	t := newTree()
 	have := map[string]bool{}
 	deps := map[string][]string{}
-	want := []string{"kmod"}
+	want := roots
 	for {
-		debs, err := d.fetch(ctx, p.GOARCH, want)
-		if err != nil {
+		if err := d.addPackages(ctx, p, t, want, have, deps); err != nil {
 			return nil, closure{}, err
 		}
-		for _, pkg := range sortedKeys(debs) {
-			if have[pkg] {
-				continue
-			}
-			have[pkg] = true
-			data, err := dpkgDeb(ctx, "--fsys-tarfile", debs[pkg])
-			if err != nil {
-				return nil, closure{}, err
-			}
-			if err := t.addPackage(pkg, bytes.NewReader(data)); err != nil {
-				return nil, closure{}, err
-			}
-			if deps[pkg], err = depends(ctx, debs[pkg]); err != nil {
-				return nil, closure{}, err
-			}
-		}
-		c, err := t.closure(p, kmodPrograms)
+		c, err := t.closure(p, programs)
 		if err != nil {
 			return nil, closure{}, err
 		}
@@ -348,6 +338,31 @@ func (d *debian) kmodFiles(ctx context.Context, p platform) (tree, closure, erro
 		sort.Strings(want)
 		want = compactStrings(want)
 	}
+}
+
+// addPackages fetches pkgs and reads those not yet had into t, recording their dependencies.
+func (d *debian) addPackages(ctx context.Context, p platform, t tree, pkgs []string, have map[string]bool, deps map[string][]string) error {
+	debs, err := d.fetch(ctx, p.GOARCH, pkgs)
+	if err != nil {
+		return err
+	}
+	for _, pkg := range sortedKeys(debs) {
+		if have[pkg] {
+			continue
+		}
+		have[pkg] = true
+		data, err := dpkgDeb(ctx, "--fsys-tarfile", debs[pkg])
+		if err != nil {
+			return err
+		}
+		if err := t.addPackage(pkg, bytes.NewReader(data)); err != nil {
+			return err
+		}
+		if deps[pkg], err = depends(ctx, debs[pkg]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func compactStrings(s []string) []string {

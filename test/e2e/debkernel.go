@@ -395,3 +395,6 @@ func tarDir(root string) ([]byte, error) {
 	}
 	return buf.Bytes(), tw.Close()
 }
+
+// KmodSourceText is test/e2e/kmod/kmm_e2e.c, for a Dockerfile that carries it inline.
+func KmodSourceText() string { return string(kmodSource) }
