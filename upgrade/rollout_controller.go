@@ -13,6 +13,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -25,6 +26,7 @@ import (
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/internal/expectations"
 	"github.com/kmm-project/kmm/internal/retry"
+	"github.com/kmm-project/kmm/internal/semantic"
 )
 
 // RolloutRequeue is how often a Module whose automatic rollout is not complete is looked at again
@@ -43,7 +45,9 @@ type nodeLabel struct{ node, key string }
 // time (PlanRollout); the version label controller then carries out seed 002's flow per node.
 type RolloutReconciler struct {
 	Client client.Client
-	// Clock dates the label expectations (the real clock when nil).
+	// Recorder records the rollout's Events on the Module (RolloutPaused, UpgradeFailed); none when nil.
+	Recorder events.EventRecorder
+	// Clock dates the label expectations and the rollout's decisions (the real clock when nil).
 	Clock clock.PassiveClock
 
 	expectOnce sync.Once
@@ -71,8 +75,10 @@ func (r *RolloutReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Named("upgrade-rollout").
 		// Only automatic Modules: a reconcile of any other returns at once (issue 22: ~21,700 of them
 		// per 1,000 x 3 load before these filters).
+		// A Module no longer automatic passes while its status.rollout is there to clear.
 		For(&kmmv1beta1.Module{}, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
-			return automatic(o.(*kmmv1beta1.Module))
+			m := o.(*kmmv1beta1.Module)
+			return automatic(m) || m.Status.Rollout != nil
 		}))).
 		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.modulesOfNode), builder.WithPredicates(nodeRolloutFactsChanged())).
 		Watches(&kmmv1beta1.NodeModulesConfig{}, handler.EnqueueRequestsFromMapFunc(r.modulesOfNMC)).
@@ -132,24 +138,35 @@ func (r *RolloutReconciler) modulesOfNMC(ctx context.Context, o client.Object) [
 	return out
 }
 
-// Reconcile gathers the selected nodes and their pairs, plans one rollout step and patches the
-// version-module labels the plan names.
+// Reconcile gathers the selected nodes and their pairs, decides one rollout step, writes the
+// rollout's status (then its Events) and patches the version-module labels the decision names.
 func (r *RolloutReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	m := &kmmv1beta1.Module{}
 	if err := r.Client.Get(ctx, req.NamespacedName, m); err != nil {
+		if apierrors.IsNotFound(err) {
+			recordMetrics(req.Namespace, req.Name, nil)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !automatic(m) {
-		return ctrl.Result{}, nil
+		recordMetrics(m.Namespace, m.Name, nil)
+		return ctrl.Result{}, r.writeRollout(ctx, m, nil)
 	}
 	in, err := r.gather(ctx, m)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	intents, progress := PlanRollout(in)
+	d := DecideRollout(in)
+	prev := m.Status.Rollout
+	if err := r.writeRollout(ctx, m, d.Status); err != nil {
+		return ctrl.Result{}, err
+	}
+	recordMetrics(m.Namespace, m.Name, d.Status)
+	r.recordEvents(m, prev, d)
+	progress := d.Progress
 	log := ctrl.LoggerFrom(ctx).WithValues("module", req.NamespacedName, "version", m.Spec.Version())
 	key := kmmv1beta1.ModuleVersionLabel(m.Namespace, m.Name)
-	for _, it := range intents {
+	for _, it := range d.Intents {
 		log.Info("Moving the version-module label", "node", it.Node, "done", progress.Done, "total", progress.Total,
 			"unavailable", progress.Unavailable, "maxUnavailable", progress.Budget)
 		if err := r.setLabel(ctx, it.Node, key, it.Version); err != nil {
@@ -162,6 +179,36 @@ func (r *RolloutReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	return ctrl.Result{RequeueAfter: RolloutRequeue}, nil
 }
 
+// writeRollout writes status.rollout when it changed, guarded by the Module's resourceVersion: a
+// decision taken on a stale Module (one whose pause this controller wrote and its cache does not
+// show yet) fails on the conflict and is taken again, so a pause has exactly one Event.
+func (r *RolloutReconciler) writeRollout(ctx context.Context, m *kmmv1beta1.Module, st *kmmv1beta1.RolloutStatus) error {
+	if semantic.Equal(m.Status.Rollout, st) {
+		return nil
+	}
+	m.Status.Rollout = st
+	return client.IgnoreNotFound(r.Client.Status().Update(ctx, m))
+}
+
+// recordEvents records, after the status that says so was written, the pause at the failure budget
+// (one Warning RolloutPaused) and each node newly UpgradeFailed (one Warning UpgradeFailed).
+func (r *RolloutReconciler) recordEvents(m *kmmv1beta1.Module, prev *kmmv1beta1.RolloutStatus, d RolloutDecision) {
+	if r.Recorder == nil {
+		return
+	}
+	for _, n := range d.NewlyFailed {
+		r.Recorder.Eventf(m, nil, corev1.EventTypeWarning, string(kmmv1beta1.UpgradeFailed), "Rollout",
+			"node %s failed its upgrade to %s: %s: %s", n.Name, d.Status.Version, n.Reason, n.Message)
+	}
+	if d.PausedNow {
+		r.Recorder.Eventf(m, nil, corev1.EventTypeWarning, "RolloutPaused", "Rollout", "%s", d.Status.Paused.Message)
+	}
+	if prev != nil && prev.Paused != nil && prev.Paused.Reason == kmmv1beta1.ReasonFailureBudgetExceeded && !d.PausedNow &&
+		(d.Status.Paused == nil || d.Status.Paused.Reason != kmmv1beta1.ReasonFailureBudgetExceeded) {
+		r.Recorder.Eventf(m, nil, corev1.EventTypeNormal, "RolloutResumed", "Rollout", "the rollout of %s goes on", d.Status.Version)
+	}
+}
+
 // gather reads the selected nodes and their pairs' NMC status entries into a RolloutInput.
 func (r *RolloutReconciler) gather(ctx context.Context, m *kmmv1beta1.Module) (RolloutInput, error) {
 	nodes := &corev1.NodeList{}
@@ -169,7 +216,7 @@ func (r *RolloutReconciler) gather(ctx context.Context, m *kmmv1beta1.Module) (R
 		return RolloutInput{}, err
 	}
 	r.expected().Prune(r.now())
-	in := RolloutInput{Module: m, Nodes: make([]RolloutNode, 0, len(nodes.Items))}
+	in := RolloutInput{Module: m, Nodes: make([]RolloutNode, 0, len(nodes.Items)), Now: r.now()}
 	for i := range nodes.Items {
 		n := &nodes.Items[i]
 		rn := RolloutNode{Name: n.Name, Labels: r.withExpectedLabel(n, kmmv1beta1.ModuleVersionLabel(m.Namespace, m.Name)),
@@ -179,8 +226,11 @@ func (r *RolloutReconciler) gather(ctx context.Context, m *kmmv1beta1.Module) (R
 			return RolloutInput{}, err
 		}
 		if st := nmc.StatusEntry(m.Namespace, m.Name); st != nil {
-			rn.State = st.State
+			rn.State, rn.Reason, rn.Message, rn.Since = st.State, st.Reason, st.Message, st.LastTransitionTime.Time
 			rn.CordonedByKMM = st.Drain != nil && st.Drain.CordonedByKMM
+			if st.Drain != nil {
+				rn.DrainStart = st.Drain.StartTime.Time
+			}
 			if st.Config != nil {
 				rn.LoadedVersion = st.Config.Version
 			}

@@ -22,6 +22,10 @@ import (
 // node is Ready, every node that is not skipped must end Loaded with the new version. The
 // package's TestMain (suite_test.go) lengthens rapid's interleavings for it.
 
+// pausedRuns counts planner runs that found the rollout paused at its failure budget, so that the
+// property test can show it exercises the budget.
+var pausedRuns int
+
 // startedBesideUnavailable counts planner runs that started nodes while another node was NotReady
 // or cordoned, so that the property test can show it exercises that budget rule.
 var startedBesideUnavailable int
@@ -38,6 +42,8 @@ type rolloutFaults struct {
 	ignoresUnavailable    bool // the planner sees every node Ready and schedulable
 	ignoresSkip           bool // the planner does not see the upgrade-skip label
 	unloadsBeforeDPLeaves bool // the node unloads while the device plugin pod still runs
+	ignoresFailureBudget  bool // the planner plans as if maxFailed were unset
+	failedNotCounted      bool // the planner sees a failed node as done
 }
 
 type rolloutSimNode struct {
@@ -49,6 +55,7 @@ type rolloutSimNode struct {
 	state    kmmv1beta1.ModuleState
 	loaded   string // version loaded in the node's kernel
 	dpPod    bool   // a device plugin pod runs on the node
+	bad      bool   // its load of the new version fails until fixed
 	initial  rolloutSimNode0
 }
 
@@ -59,12 +66,22 @@ type rolloutSimNode0 struct {
 }
 
 type rolloutWorld struct {
-	module     *kmmv1beta1.Module
-	nodes      []*rolloutSimNode
-	budget     int // maxUnavailable resolved by the test itself, not by the code under test
-	faults     rolloutFaults
-	trace      []string
-	violations []string
+	module    *kmmv1beta1.Module
+	nodes     []*rolloutSimNode
+	budget    int // maxUnavailable resolved by the test itself, not by the code under test
+	faults    rolloutFaults
+	maxFailed int // maxFailed resolved by the test itself (0: no budget)
+	// status is the rollout's status as the controller last wrote it; resumes is the user's
+	// rollout-resume annotation (a counter).
+	status  *kmmv1beta1.RolloutStatus
+	resumes int
+	// The test's own model of the pause: paused at the budget, the nodes failed at the last
+	// resume, and a resume the planner has not seen yet.
+	modelPaused   bool
+	modelAtResume int
+	resumePending bool
+	trace         []string
+	violations    []string
 }
 
 // rolloutSetup is the random part of a world: the node count, each node's start and the policy.
@@ -73,16 +90,19 @@ type rolloutSetup struct {
 	unlabelled     []bool // the node starts without the label and without the module (adoption)
 	skip           []bool
 	notReady       []bool
+	bad            []bool
 	maxUnavailable intstr.IntOrString
+	maxFailed      *intstr.IntOrString
 }
 
 func newRolloutWorld(s rolloutSetup, f rolloutFaults) *rolloutWorld {
 	m := rolloutModule(simNew, auto(&s.maxUnavailable))
+	m.Spec.UpgradePolicy.MaxFailed = s.maxFailed
 	w := &rolloutWorld{module: m, faults: f}
 	managed := 0
 	for i := range s.n {
 		n := &rolloutSimNode{name: fmt.Sprintf("n%d", i), label: simOld, skip: s.skip[i], ready: !s.notReady[i],
-			state: kmmv1beta1.StateLoaded, loaded: simOld, dpPod: true}
+			state: kmmv1beta1.StateLoaded, loaded: simOld, dpPod: true, bad: s.bad[i]}
 		if s.unlabelled[i] {
 			n.label, n.state, n.loaded, n.dpPod = "", kmmv1beta1.StateAbsent, "", false
 		}
@@ -93,7 +113,10 @@ func newRolloutWorld(s rolloutSetup, f rolloutFaults) *rolloutWorld {
 		}
 	}
 	w.budget = expectedBudget(s.maxUnavailable, managed)
-	w.log("start: %s, maxUnavailable %s = %d of %d managed nodes", w.describe(), s.maxUnavailable.String(), w.budget, managed)
+	if s.maxFailed != nil {
+		w.maxFailed = expectedBudget(*s.maxFailed, managed)
+	}
+	w.log("start: %s, maxUnavailable %s = %d of %d managed nodes, maxFailed %d", w.describe(), s.maxUnavailable.String(), w.budget, managed, w.maxFailed)
 	return w
 }
 
@@ -136,6 +159,9 @@ func (w *rolloutWorld) describe() string {
 		if n.skip {
 			s += " skip"
 		}
+		if n.bad {
+			s += " bad"
+		}
 		parts = append(parts, s+"]")
 	}
 	return strings.Join(parts, " ")
@@ -149,11 +175,26 @@ func (w *rolloutWorld) input() RolloutInput {
 		all := intstr.FromString("100%")
 		m.Spec.UpgradePolicy.MaxUnavailable = &all
 	}
+	if w.faults.ignoresFailureBudget {
+		m = m.DeepCopy()
+		m.Spec.UpgradePolicy.MaxFailed = nil
+	}
+	m = m.DeepCopy()
+	m.Status.Rollout = w.status.DeepCopy()
+	if w.resumes > 0 {
+		m.Annotations = map[string]string{kmmv1beta1.RolloutResumeAnnotation: fmt.Sprint(w.resumes)}
+	}
 	in := RolloutInput{Module: m}
 	for _, n := range w.nodes {
 		rn := RolloutNode{Name: n.name, Labels: map[string]string{}, Ready: n.ready, Unschedulable: n.cordoned, LoadedVersion: n.loaded}
 		if n.state != kmmv1beta1.StateAbsent {
 			rn.State = n.state
+		}
+		if n.state == kmmv1beta1.StateLoadBackOff {
+			rn.Reason = "ImagePull"
+			if w.faults.failedNotCounted {
+				rn.State, rn.LoadedVersion = kmmv1beta1.StateLoaded, n.label
+			}
 		}
 		if n.label != "" {
 			rn.Labels[tLabel] = n.label
@@ -186,9 +227,47 @@ func (n *rolloutSimNode) inProgress() bool {
 	return n.label == simNew && !n.done()
 }
 
+// failed is the test's own UpgradeFailed: a managed node whose load of the new version backs off.
+func (n *rolloutSimNode) failed() bool {
+	return !n.skip && n.label == simNew && n.state == kmmv1beta1.StateLoadBackOff
+}
+
+// modelPause updates the test's model of the pause from what the planner is about to see.
+func (w *rolloutWorld) modelPause() {
+	failed := 0
+	for _, n := range w.nodes {
+		if n.failed() {
+			failed++
+		}
+	}
+	w.modelAtResume = min(w.modelAtResume, failed)
+	if w.resumePending {
+		w.modelPaused, w.modelAtResume, w.resumePending = false, failed, false
+	}
+	if w.maxFailed > 0 && failed-w.modelAtResume >= w.maxFailed {
+		if !w.modelPaused {
+			w.log("model: %d failed, %d of them at the last resume, maxFailed %d: paused", failed, w.modelAtResume, w.maxFailed)
+		}
+		w.modelPaused = true
+	}
+}
+
 // plan runs the planner and applies its intents (the rollout controller's patches).
 func (w *rolloutWorld) plan() {
-	intents := firstIntents(PlanRollout(w.input()))
+	w.modelPause()
+	d := DecideRollout(w.input())
+	w.status = d.Status
+	intents := d.Intents
+	if w.modelPaused {
+		pausedRuns++
+		if len(intents) > 0 {
+			w.violate("invariant budget: the rollout started %v while %d nodes beyond those failed at the last resume are UpgradeFailed, maxFailed %d: %s",
+				intents, w.countFailed()-w.modelAtResume, w.maxFailed, w.describe())
+		}
+	}
+	if paused := d.Status != nil && d.Status.Paused != nil; paused != w.modelPaused {
+		w.violate("invariant pause status: status.rollout.paused is %v, the model says %v: %s", paused, w.modelPaused, w.describe())
+	}
 	if len(intents) == 0 {
 		return
 	}
@@ -224,6 +303,31 @@ func (w *rolloutWorld) plan() {
 	}
 }
 
+func (w *rolloutWorld) countFailed() int {
+	failed := 0
+	for _, n := range w.nodes {
+		if n.failed() {
+			failed++
+		}
+	}
+	return failed
+}
+
+// resume is the user's kubectl kmm rollout resume.
+func (w *rolloutWorld) resume() {
+	w.resumes++
+	w.resumePending = true
+	w.log("user: resume %d", w.resumes)
+}
+
+// fix makes a bad node's load succeed from now on.
+func (w *rolloutWorld) fix(i int) {
+	if w.nodes[i].bad {
+		w.nodes[i].bad = false
+		w.log("%s: fixed", w.nodes[i].name)
+	}
+}
+
 // advance moves a node one step along seed 002's path (the NMC controller, the version label
 // controller and the device plugin DaemonSet together). A NotReady or cordoned node makes no
 // progress: no worker pod is created there.
@@ -256,7 +360,13 @@ func (w *rolloutWorld) advance(i int) {
 	case kmmv1beta1.StateUpgrading:
 		n.state = kmmv1beta1.StateLoading
 	case kmmv1beta1.StateLoading:
-		n.state, n.loaded = kmmv1beta1.StateLoaded, n.label
+		if n.bad && n.label == simNew {
+			n.state = kmmv1beta1.StateLoadBackOff
+		} else {
+			n.state, n.loaded = kmmv1beta1.StateLoaded, n.label
+		}
+	case kmmv1beta1.StateLoadBackOff:
+		n.state = kmmv1beta1.StateLoading
 	}
 	if after := fmt.Sprintf("%s %q dp=%v", n.state, n.loaded, n.dpPod); after != before {
 		w.log("%s: %s → %s", n.name, before, after)
@@ -288,7 +398,8 @@ func (w *rolloutWorld) check() {
 		if n.label == simNew && n.state != kmmv1beta1.StateLoaded {
 			outOfLoaded++
 		}
-		unloading := n.state == kmmv1beta1.StateUnloading || n.state == kmmv1beta1.StateUpgrading || n.state == kmmv1beta1.StateLoading
+		unloading := n.state == kmmv1beta1.StateUnloading || n.state == kmmv1beta1.StateUpgrading || n.state == kmmv1beta1.StateLoading ||
+			n.state == kmmv1beta1.StateLoadBackOff
 		if unloading && n.dpPod {
 			w.violate("invariant device plugin: %s unloads (%s) while its device plugin pod runs", n.name, n.state)
 		}
@@ -302,6 +413,10 @@ func (w *rolloutWorld) check() {
 // settle stops the events (every node Ready and schedulable) and runs the controllers until
 // nothing moves, then checks that the rollout converged.
 func (w *rolloutWorld) settle() {
+	for i := range w.nodes {
+		w.fix(i)
+	}
+	w.resume()
 	for i, n := range w.nodes {
 		if !n.ready {
 			w.flipReady(i)
@@ -337,6 +452,11 @@ func rolloutSetupGen(t *rapid.T) rolloutSetup {
 		unlabelled: rapid.SliceOfN(rapid.Map(rapid.Float64Range(0, 1), func(f float64) bool { return f < 0.2 }), n, n).Draw(t, "unlabelled"),
 		skip:       rapid.SliceOfN(rapid.Map(rapid.Float64Range(0, 1), func(f float64) bool { return f < 0.15 }), n, n).Draw(t, "skip"),
 		notReady:   rapid.SliceOfN(rapid.Map(rapid.Float64Range(0, 1), func(f float64) bool { return f < 0.15 }), n, n).Draw(t, "notReady"),
+		bad:        rapid.SliceOfN(rapid.Map(rapid.Float64Range(0, 1), func(f float64) bool { return f < 0.25 }), n, n).Draw(t, "bad"),
+	}
+	if rapid.IntRange(0, 2).Draw(t, "budgeted") > 0 {
+		mf := intstr.FromInt32(int32(rapid.IntRange(1, n).Draw(t, "maxFailed")))
+		s.maxFailed = &mf
 	}
 	if rapid.Bool().Draw(t, "percent") {
 		s.maxUnavailable = intstr.FromString(fmt.Sprintf("%d%%", rapid.SampledFrom([]int{10, 25, 34, 50, 75, 100}).Draw(t, "pct")))
@@ -367,6 +487,17 @@ func (m *rolloutMachine) FlipCordon(t *rapid.T) {
 	m.w.flipCordon(rapid.IntRange(0, len(m.w.nodes)-1).Draw(t, "node"))
 }
 
+// User is the user, now and then: fixing a bad node's load (1 in 10) or resuming the rollout (1
+// in 10); rarer than the controllers' steps, so that failures pile up to the budget.
+func (m *rolloutMachine) User(t *rapid.T) {
+	switch rapid.IntRange(0, 9).Draw(t, "user") {
+	case 0:
+		m.w.fix(rapid.IntRange(0, len(m.w.nodes)-1).Draw(t, "node"))
+	case 1:
+		m.w.resume()
+	}
+}
+
 // Check runs after every action.
 func (m *rolloutMachine) Check(t *rapid.T) {
 	m.w.check()
@@ -390,11 +521,15 @@ func runRollout(f rolloutFaults) func(*rapid.T) {
 // planner runs, pair steps, readiness flips and cordons; invariants after every step,
 // convergence at the end.
 func TestRolloutProperties(t *testing.T) {
-	startedBesideUnavailable = 0
+	startedBesideUnavailable, pausedRuns = 0, 0
 	rapid.Check(t, runRollout(rolloutFaults{}))
 	if startedBesideUnavailable == 0 {
 		t.Fatal("no interleaving started a node while another was NotReady or cordoned: the test does not exercise the budget")
 	}
+	if pausedRuns == 0 {
+		t.Fatal("no interleaving paused at the failure budget: the test does not exercise it")
+	}
+	t.Logf("planner runs on a rollout paused at its failure budget: %d", pausedRuns)
 	t.Logf("planner runs that started nodes beside a NotReady or cordoned one: %d", startedBesideUnavailable)
 }
 
@@ -402,9 +537,13 @@ func TestRolloutProperties(t *testing.T) {
 func runSeeded(seed uint64, steps int, f rolloutFaults) *rolloutWorld {
 	r := rand.New(rand.NewPCG(seed, 0x6b6d6d))
 	n := 2 + r.IntN(7)
-	s := rolloutSetup{n: n, unlabelled: make([]bool, n), skip: make([]bool, n), notReady: make([]bool, n)}
+	s := rolloutSetup{n: n, unlabelled: make([]bool, n), skip: make([]bool, n), notReady: make([]bool, n), bad: make([]bool, n)}
 	for i := range n {
-		s.unlabelled[i], s.skip[i], s.notReady[i] = r.Float64() < 0.2, r.Float64() < 0.15, r.Float64() < 0.15
+		s.unlabelled[i], s.skip[i], s.notReady[i], s.bad[i] = r.Float64() < 0.2, r.Float64() < 0.15, r.Float64() < 0.15, r.Float64() < 0.25
+	}
+	if r.IntN(3) > 0 {
+		mf := intstr.FromInt32(int32(1 + r.IntN(n)))
+		s.maxFailed = &mf
 	}
 	if r.IntN(2) == 0 {
 		s.maxUnavailable = intstr.FromString(fmt.Sprintf("%d%%", []int{10, 25, 34, 50, 75, 100}[r.IntN(6)]))
@@ -413,15 +552,19 @@ func runSeeded(seed uint64, steps int, f rolloutFaults) *rolloutWorld {
 	}
 	w := newRolloutWorld(s, f)
 	for range steps {
-		switch x := r.IntN(10); {
-		case x < 3:
+		switch x := r.IntN(22); {
+		case x < 6:
 			w.plan()
-		case x < 8:
+		case x < 16:
 			w.advance(r.IntN(n))
-		case x < 9:
+		case x < 18:
 			w.flipReady(r.IntN(n))
-		default:
+		case x < 20:
 			w.flipCordon(r.IntN(n))
+		case x < 21:
+			w.fix(r.IntN(n))
+		default:
+			w.resume()
 		}
 		w.check()
 	}
@@ -441,7 +584,7 @@ func TestRolloutSeededSimulation(t *testing.T) {
 // TestRolloutGoesNodeByNode pins one trace: four Ready nodes, maxUnavailable 1, the controllers
 // run in rounds; the nodes upgrade one at a time in name order.
 func TestRolloutGoesNodeByNode(t *testing.T) {
-	s := rolloutSetup{n: 4, unlabelled: make([]bool, 4), skip: make([]bool, 4), notReady: make([]bool, 4), maxUnavailable: intstr.FromInt32(1)}
+	s := rolloutSetup{n: 4, unlabelled: make([]bool, 4), skip: make([]bool, 4), notReady: make([]bool, 4), bad: make([]bool, 4), maxUnavailable: intstr.FromInt32(1)}
 	w := newRolloutWorld(s, rolloutFaults{})
 	var order []string
 	for range 40 {
@@ -474,6 +617,8 @@ var rolloutFaultCases = []struct {
 	// Ignoring the skip label also resolves a percentage against the skipped nodes too.
 	{"the planner ignores the skip label", rolloutFaults{ignoresSkip: true}, []string{"invariant skip", "invariant maxUnavailable"}},
 	{"a node unloads before its device plugin pod leaves", rolloutFaults{unloadsBeforeDPLeaves: true}, []string{"invariant device plugin"}},
+	{"the planner does not pause at the failure budget", rolloutFaults{ignoresFailureBudget: true}, []string{"invariant budget", "invariant pause status"}},
+	{"the planner does not count a failed node", rolloutFaults{failedNotCounted: true}, []string{"invariant maxUnavailable", "invariant budget", "invariant pause status"}},
 }
 
 // namesOneOf says whether a failure message names one of the invariants.
