@@ -362,7 +362,7 @@ func TestRenderRollout(t *testing.T) {
 	since := at(-3 * time.Minute)
 	m.Status.Rollout = &kmmv1beta1.RolloutStatus{Version: "v2", MaxUnavailable: 2, MaxFailed: 1,
 		NodesByUpgradeState: map[kmmv1beta1.UpgradeState]int32{kmmv1beta1.Upgraded: 3, kmmv1beta1.UpgradeFailed: 1, kmmv1beta1.Upgrading: 1, kmmv1beta1.UpgradePending: 5},
-		Paused: &kmmv1beta1.RolloutPause{Reason: kmmv1beta1.ReasonFailureBudgetExceeded, Message: "1 of 10 nodes UpgradeFailed", Since: since},
+		Paused:              &kmmv1beta1.RolloutPause{Reason: kmmv1beta1.ReasonFailureBudgetExceeded, Message: "1 of 10 nodes UpgradeFailed", Since: since},
 		Nodes: []kmmv1beta1.RolloutNodeStatus{
 			{Name: "node-4", State: kmmv1beta1.UpgradeFailed, PairState: kmmv1beta1.StateLoadBackOff, Reason: "ImagePull", Message: "manifest unknown", Since: &since},
 			{Name: "node-5", State: kmmv1beta1.Upgrading, PairState: kmmv1beta1.StateUnloading, Since: &since},
