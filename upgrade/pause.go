@@ -2,6 +2,7 @@ package upgrade
 
 import (
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
@@ -24,25 +25,25 @@ import (
 //   - else upgradePolicy.paused pauses it, for as long as the user keeps it set.
 func decidePause(m *kmmv1beta1.Module, p Progress, failed []kmmv1beta1.RolloutNodeStatus, now time.Time) (*kmmv1beta1.RolloutStatus, bool) {
 	version := m.Spec.Version()
-	st := &kmmv1beta1.RolloutStatus{Version: version, MaxUnavailable: int32(p.Budget), MaxFailed: int32(p.FailureBudget)}
+	st := &kmmv1beta1.RolloutStatus{Version: version, MaxUnavailable: count32(p.Budget), MaxFailed: count32(p.FailureBudget)}
 	var carried *kmmv1beta1.RolloutPause
 	prev := m.Status.Rollout
 	if prev != nil {
 		st.ObservedResume = prev.ObservedResume
 	}
 	if prev != nil && prev.Version == version {
-		st.FailedAtResume = min(prev.FailedAtResume, int32(p.Failed))
+		st.FailedAtResume = min(prev.FailedAtResume, count32(p.Failed))
 		if prev.Paused != nil && prev.Paused.Reason == kmmv1beta1.ReasonFailureBudgetExceeded {
 			carried = prev.Paused
 		}
 	}
 	if token := resumeToken(m); token != "" && token != st.ObservedResume {
-		st.ObservedResume, st.FailedAtResume, carried = token, int32(p.Failed), nil
+		st.ObservedResume, st.FailedAtResume, carried = token, count32(p.Failed), nil
 	}
 	switch {
 	case carried != nil:
 		st.Paused = carried.DeepCopy()
-	case p.FailureBudget > 0 && int32(p.Failed)-st.FailedAtResume >= int32(p.FailureBudget):
+	case p.FailureBudget > 0 && count32(p.Failed)-st.FailedAtResume >= count32(p.FailureBudget):
 		st.Paused = &kmmv1beta1.RolloutPause{Reason: kmmv1beta1.ReasonFailureBudgetExceeded,
 			Message: budgetMessage(p, st.FailedAtResume, failed), Since: metav1.NewTime(now).Rfc3339Copy()}
 		return st, true
@@ -81,4 +82,9 @@ func budgetMessage(p Progress, atResume int32, failed []kmmv1beta1.RolloutNodeSt
 	}
 	return fmt.Sprintf("%d of %d nodes UpgradeFailed%s, maxFailed is %d: %s; fix them (or label them upgrade-skip), "+
 		"then kubectl kmm rollout resume, or change the version", p.Failed, p.Total, beyond, p.FailureBudget, strings.Join(names, ", "))
+}
+
+// count32 is a node count as the status stores it.
+func count32(n int) int32 {
+	return int32(max(min(n, math.MaxInt32), 0))
 }

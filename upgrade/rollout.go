@@ -260,7 +260,7 @@ func countStates(p Progress) map[kmmv1beta1.UpgradeState]int32 {
 		kmmv1beta1.UpgradeFailed: p.Failed, kmmv1beta1.UpgradeSkipped: p.Skipped,
 	} {
 		if n > 0 {
-			out[state] = int32(n)
+			out[state] = count32(n)
 		}
 	}
 	return out

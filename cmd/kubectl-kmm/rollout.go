@@ -53,8 +53,8 @@ func renderRollout(m *kmmv1beta1.Module, now time.Time, width int) string {
 		t.add(n.Name, string(n.State), string(n.PairState), since, reason)
 	}
 	_ = t.write(&b)
-	if listed, total := len(st.Nodes), st.NodesByUpgradeState[kmmv1beta1.UpgradeFailed]+st.NodesByUpgradeState[kmmv1beta1.Upgrading]; int32(listed) < total {
-		fmt.Fprintf(&b, "(%d more not listed: status.rollout lists at most %d nodes)\n", int(total)-listed, kmmv1beta1.MaxRolloutNodesListed)
+	if listed, total := len(st.Nodes), int(st.NodesByUpgradeState[kmmv1beta1.UpgradeFailed]+st.NodesByUpgradeState[kmmv1beta1.Upgrading]); listed < total {
+		fmt.Fprintf(&b, "(%d more not listed: status.rollout lists at most %d nodes)\n", total-listed, kmmv1beta1.MaxRolloutNodesListed)
 	}
 	return b.String()
 }
