@@ -45,6 +45,35 @@ type RolloutNode struct {
 	Since time.Time
 	// DrainStart is when the pair's upgrade drain started (zero when it has no drain record).
 	DrainStart time.Time
+	// DevicePluginPending: the Module has a device plugin or DRA driver and no Ready pod of it is on
+	// the node (zero: nothing to wait for).
+	DevicePluginPending bool
+	// Validation is the node's validation pod for the Module's version (zero: none).
+	Validation ValidationPod
+}
+
+// ValidationPhase is what became of a validation pod.
+type ValidationPhase string
+
+// The validation pod phases the rollout distinguishes.
+const (
+	ValidationNone      ValidationPhase = ""
+	ValidationRunning   ValidationPhase = "Running"
+	ValidationSucceeded ValidationPhase = "Succeeded"
+	ValidationFailed    ValidationPhase = "Failed"
+)
+
+// ValidationPod is a node's validation pod as observed.
+type ValidationPod struct {
+	Phase ValidationPhase
+	// Message is, for a failed pod, its container's termination message or log tail.
+	Message string
+}
+
+// verified says whether a node that runs its label's version is through: its device plugin (or
+// DRA driver) pod is Ready, and its validation pod, if the Module has one, succeeded.
+func (n *RolloutNode) verified(policy *kmmv1beta1.UpgradePolicy) bool {
+	return !n.DevicePluginPending && (policy.Validation == nil || n.Validation.Phase == ValidationSucceeded)
 }
 
 // startedTowards says whether the node's pair is on its way to the version label: it drains or
@@ -101,6 +130,8 @@ type RolloutDecision struct {
 	PausedNow bool
 	// NewlyFailed are the nodes UpgradeFailed now that the last status did not list as failed.
 	NewlyFailed []kmmv1beta1.RolloutNodeStatus
+	// Validate are the nodes whose validation pod for the version is to be created.
+	Validate []string
 }
 
 // DecideRollout returns the version-module labels to set, the classification of the selected nodes
@@ -110,14 +141,17 @@ type RolloutDecision struct {
 //   - nothing unless upgradePolicy.automatic is true and the Module has a version (and is not
 //     being deleted);
 //   - nodes with the upgrade-skip label are never touched and do not count anywhere;
-//   - a node is done when its label equals the version and its pair is Loaded with that version,
-//     in progress when its label equals the version but it is not done, or when it started
+//   - a node is done when its label equals the version, its pair is Loaded with that version, its
+//     device plugin (or DRA driver) pod is Ready if the Module has one, and its validation pod
+//     succeeded if the Module has one (a node that got that far without a validation pod gets
+//     one: Validate), in progress when its label equals the version but it is not done, or when it started
 //     towards the version its label names and the Module has since left (startedTowards), and
 //     pending otherwise
 //     (a missing label is adopted: it is set like any other);
 //   - an in-progress node is UpgradeFailed (failure) while its pair backs off after a failed load
-//     or unload, once its drain ran every strategy and pods remain, or once its pair stayed in one
-//     state (but Loaded) for nodeTimeoutSeconds; it stays in progress, and unavailable;
+//     or unload, once its validation pod failed, once its drain ran every strategy and pods remain,
+//     or once its pair stayed in one state (but Loaded with another version than its label) for
+//     nodeTimeoutSeconds; it stays in progress, and unavailable;
 //   - unavailable = in-progress nodes + cordoned or NotReady nodes (done ones too: a cordon kmm
 //     has not lifted yet, or a node that went NotReady after its upgrade, is unavailable all the same);
 //   - a node in progress to a version the Module no longer has (a bump during the rollout) is
@@ -143,6 +177,7 @@ func DecideRollout(in RolloutInput) RolloutDecision {
 	d.Status.NodesByUpgradeState = countStates(p)
 	d.Status.Nodes = nodes
 	d.NewlyFailed = newlyFailed(m.Status.Rollout, version, c.failed)
+	d.Validate = c.validate
 
 	starts := c.pending
 	slices.SortFunc(starts, strings.Compare)
@@ -160,8 +195,8 @@ func DecideRollout(in RolloutInput) RolloutDecision {
 // schedulable, and nodes in progress to a version the Module no longer has) and the nodes it lists
 // in its status.
 type candidates struct {
-	pending, retarget []string
-	failed, upgrading []kmmv1beta1.RolloutNodeStatus
+	pending, retarget, validate []string
+	failed, upgrading           []kmmv1beta1.RolloutNodeStatus
 }
 
 // classify counts the managed nodes as done, in progress (failed or not) or pending and returns the
@@ -183,17 +218,17 @@ func classify(m *kmmv1beta1.Module, nodes []RolloutNode, now time.Time) (Progres
 		runsLabel := n.State == kmmv1beta1.StateLoaded && n.LoadedVersion == label
 		unavailable := !n.Ready || n.Unschedulable
 		switch {
-		case hasLabel && label == version && runsLabel:
+		case hasLabel && label == version && runsLabel && n.verified(m.Spec.UpgradePolicy):
 			p.Done++
 		case hasLabel && label == version:
 			p.InProgress++
 			unavailable = true
-			c.inProgress(&p, n, m.Spec.UpgradePolicy, now)
+			c.inProgress(&p, n, label, m.Spec.UpgradePolicy, now)
 		case hasLabel && n.startedTowards(label):
 			p.InProgress++
 			unavailable = true
 			c.retarget = append(c.retarget, n.Name)
-			c.inProgress(&p, n, m.Spec.UpgradePolicy, now)
+			c.inProgress(&p, n, label, m.Spec.UpgradePolicy, now)
 		default:
 			p.Pending++
 			if !unavailable {
@@ -208,14 +243,14 @@ func classify(m *kmmv1beta1.Module, nodes []RolloutNode, now time.Time) (Progres
 }
 
 // inProgress lists an in-progress node as failed or upgrading.
-func (c *candidates) inProgress(p *Progress, n *RolloutNode, policy *kmmv1beta1.UpgradePolicy, now time.Time) {
+func (c *candidates) inProgress(p *Progress, n *RolloutNode, label string, policy *kmmv1beta1.UpgradePolicy, now time.Time) {
 	row := kmmv1beta1.RolloutNodeStatus{Name: n.Name, State: kmmv1beta1.Upgrading, PairState: n.State, Reason: n.Reason, Message: n.Message}
 	if !n.Since.IsZero() {
 		row.Since = &metav1.Time{Time: n.Since}
 	}
-	reason, message, failed := n.failure(policy, now)
+	reason, message, failed := n.failure(label, policy, now)
 	if !failed {
-		c.upgrading = append(c.upgrading, row)
+		c.upgrading = append(c.upgrading, c.verifying(n, label, policy, row))
 		return
 	}
 	p.Failed++
@@ -223,12 +258,34 @@ func (c *candidates) inProgress(p *Progress, n *RolloutNode, policy *kmmv1beta1.
 	c.failed = append(c.failed, row)
 }
 
-// failure says whether an in-progress node is UpgradeFailed, and why: its pair backs off after a
-// failed worker (the pair's reason and message), its drain ran every strategy and pods remain
-// (DrainTimedOut), or its pair stayed in one state but Loaded for nodeTimeoutSeconds
-// (UpgradeTimedOut).
-func (n *RolloutNode) failure(policy *kmmv1beta1.UpgradePolicy, now time.Time) (reason, message string, failed bool) {
+// verifying is the row of an upgrading node that runs its label's version but is not verified yet:
+// it waits for its device plugin pod, or for its validation pod (to be created when it has none).
+func (c *candidates) verifying(n *RolloutNode, label string, policy *kmmv1beta1.UpgradePolicy, row kmmv1beta1.RolloutNodeStatus) kmmv1beta1.RolloutNodeStatus {
+	if n.State != kmmv1beta1.StateLoaded || n.LoadedVersion != label {
+		return row
+	}
 	switch {
+	case n.DevicePluginPending:
+		row.Reason, row.Message = kmmv1beta1.ReasonDevicePluginNotReady, "loaded; waiting for the device plugin (or DRA driver) pod to be Ready"
+	case policy.Validation != nil:
+		row.Reason, row.Message = kmmv1beta1.ReasonValidating, "loaded; the validation pod runs"
+		if n.Validation.Phase == ValidationNone {
+			c.validate = append(c.validate, n.Name)
+			row.Message = "loaded; the validation pod is being created"
+		}
+	}
+	return row
+}
+
+// failure says whether an in-progress node is UpgradeFailed, and why: its validation pod failed
+// (ValidationFailed), its pair backs off after a failed worker (the pair's reason and message), its
+// drain ran every strategy and pods remain (DrainTimedOut), or its pair stayed in one state for
+// nodeTimeoutSeconds (UpgradeTimedOut), but Loaded with another version than its label (its
+// upgrade has not started).
+func (n *RolloutNode) failure(label string, policy *kmmv1beta1.UpgradePolicy, now time.Time) (reason, message string, failed bool) {
+	switch {
+	case n.State == kmmv1beta1.StateLoaded && n.LoadedVersion == label && n.Validation.Phase == ValidationFailed:
+		return kmmv1beta1.ReasonValidationFailed, "the validation pod failed: " + n.Validation.Message, true
 	case n.State == kmmv1beta1.StateLoadBackOff || n.State == kmmv1beta1.StateUnloadBackOff:
 		if n.Message == "" {
 			return n.Reason, "the pair backs off in " + string(n.State), true
@@ -238,7 +295,7 @@ func (n *RolloutNode) failure(policy *kmmv1beta1.UpgradePolicy, now time.Time) (
 		!now.Before(n.DrainStart.Add(drainGiveUp(policy.Drain))):
 		return kmmv1beta1.ReasonDrainTimedOut, "every drain strategy ran since " + n.DrainStart.UTC().Format(time.RFC3339) +
 			" and workload pods remain on the node", true
-	case policy.NodeTimeoutSeconds > 0 && n.State != kmmv1beta1.StateLoaded && !n.Since.IsZero() &&
+	case policy.NodeTimeoutSeconds > 0 && !(n.State == kmmv1beta1.StateLoaded && n.LoadedVersion != label) && !n.Since.IsZero() &&
 		!now.Before(n.Since.Add(time.Duration(policy.NodeTimeoutSeconds)*time.Second)):
 		return kmmv1beta1.ReasonUpgradeTimedOut, "the pair has been " + string(n.State) + " since " +
 			n.Since.UTC().Format(time.RFC3339) + ", longer than nodeTimeoutSeconds", true

@@ -62,7 +62,7 @@ func TestNodeFailure(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			reason, msg, failed := tc.node.failure(&tc.policy, tNow)
+			reason, msg, failed := tc.node.failure(tc.node.Labels[tLabel], &tc.policy, tNow)
 			if failed != (tc.reason != "") || reason != tc.reason {
 				t.Fatalf("failure = %q, %v (%s), want %q", reason, failed, msg, tc.reason)
 			}

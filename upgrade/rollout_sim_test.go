@@ -44,6 +44,8 @@ type rolloutFaults struct {
 	unloadsBeforeDPLeaves bool // the node unloads while the device plugin pod still runs
 	ignoresFailureBudget  bool // the planner plans as if maxFailed were unset
 	failedNotCounted      bool // the planner sees a failed node as done
+	skipsValidation       bool // the planner sees every validation pod succeeded
+	ignoresDevicePlugin   bool // the planner never sees a device plugin pod pending
 }
 
 type rolloutSimNode struct {
@@ -56,7 +58,12 @@ type rolloutSimNode struct {
 	loaded   string // version loaded in the node's kernel
 	dpPod    bool   // a device plugin pod runs on the node
 	bad      bool   // its load of the new version fails until fixed
-	initial  rolloutSimNode0
+	// validates says the Module has a validation pod; validation is the node's pod for the new
+	// version; badValidation makes it fail until fixed.
+	validates     bool
+	validation    ValidationPhase
+	badValidation bool
+	initial       rolloutSimNode0
 }
 
 // rolloutSimNode0 is what a node started with, to check that skipped nodes are left alone.
@@ -91,6 +98,8 @@ type rolloutSetup struct {
 	skip           []bool
 	notReady       []bool
 	bad            []bool
+	badValidation  []bool
+	validates      bool
 	maxUnavailable intstr.IntOrString
 	maxFailed      *intstr.IntOrString
 }
@@ -98,11 +107,17 @@ type rolloutSetup struct {
 func newRolloutWorld(s rolloutSetup, f rolloutFaults) *rolloutWorld {
 	m := rolloutModule(simNew, auto(&s.maxUnavailable))
 	m.Spec.UpgradePolicy.MaxFailed = s.maxFailed
+	if s.validates {
+		m.Spec.UpgradePolicy.Validation = &kmmv1beta1.ValidationSpec{Container: kmmv1beta1.ValidationContainerSpec{Image: "check"}}
+	}
 	w := &rolloutWorld{module: m, faults: f}
 	managed := 0
 	for i := range s.n {
 		n := &rolloutSimNode{name: fmt.Sprintf("n%d", i), label: simOld, skip: s.skip[i], ready: !s.notReady[i],
-			state: kmmv1beta1.StateLoaded, loaded: simOld, dpPod: true, bad: s.bad[i]}
+			state: kmmv1beta1.StateLoaded, loaded: simOld, dpPod: true, bad: s.bad[i], validates: s.validates}
+		if s.badValidation != nil {
+			n.badValidation = s.badValidation[i]
+		}
 		if s.unlabelled[i] {
 			n.label, n.state, n.loaded, n.dpPod = "", kmmv1beta1.StateAbsent, "", false
 		}
@@ -162,6 +177,12 @@ func (w *rolloutWorld) describe() string {
 		if n.bad {
 			s += " bad"
 		}
+		if n.validation != ValidationNone || n.badValidation {
+			s += fmt.Sprintf(" validation=%s", n.validation)
+			if n.badValidation {
+				s += "(bad)"
+			}
+		}
 		parts = append(parts, s+"]")
 	}
 	return strings.Join(parts, " ")
@@ -189,6 +210,11 @@ func (w *rolloutWorld) input() RolloutInput {
 		rn := RolloutNode{Name: n.name, Labels: map[string]string{}, Ready: n.ready, Unschedulable: n.cordoned, LoadedVersion: n.loaded}
 		if n.state != kmmv1beta1.StateAbsent {
 			rn.State = n.state
+		}
+		rn.Validation = ValidationPod{Phase: n.validation}
+		rn.DevicePluginPending = n.state == kmmv1beta1.StateLoaded && !n.dpPod && !w.faults.ignoresDevicePlugin
+		if w.faults.skipsValidation {
+			rn.Validation.Phase = ValidationSucceeded
 		}
 		if n.state == kmmv1beta1.StateLoadBackOff {
 			rn.Reason = "ImagePull"
@@ -220,7 +246,8 @@ func (w *rolloutWorld) node(name string) *rolloutSimNode {
 }
 
 func (n *rolloutSimNode) done() bool {
-	return n.label == simNew && n.state == kmmv1beta1.StateLoaded && n.loaded == simNew
+	return n.label == simNew && n.state == kmmv1beta1.StateLoaded && n.loaded == simNew && n.dpPod &&
+		(!n.validates || n.validation == ValidationSucceeded)
 }
 
 func (n *rolloutSimNode) inProgress() bool {
@@ -229,7 +256,8 @@ func (n *rolloutSimNode) inProgress() bool {
 
 // failed is the test's own UpgradeFailed: a managed node whose load of the new version backs off.
 func (n *rolloutSimNode) failed() bool {
-	return !n.skip && n.label == simNew && n.state == kmmv1beta1.StateLoadBackOff
+	return !n.skip && n.label == simNew && (n.state == kmmv1beta1.StateLoadBackOff ||
+		(n.state == kmmv1beta1.StateLoaded && n.loaded == simNew && n.validation == ValidationFailed))
 }
 
 // modelPause updates the test's model of the pause from what the planner is about to see.
@@ -267,6 +295,14 @@ func (w *rolloutWorld) plan() {
 	}
 	if paused := d.Status != nil && d.Status.Paused != nil; paused != w.modelPaused {
 		w.violate("invariant pause status: status.rollout.paused is %v, the model says %v: %s", paused, w.modelPaused, w.describe())
+	}
+	for _, name := range d.Validate {
+		n := w.node(name)
+		if n.state != kmmv1beta1.StateLoaded || n.loaded != simNew || n.validation != ValidationNone || !n.validates || !n.dpPod {
+			w.violate("invariant validation: a validation pod for %s, which is not Loaded %s without one: %s", name, simNew, w.describe())
+		}
+		n.validation = ValidationRunning
+		w.log("%s: validation pod created", name)
 	}
 	if len(intents) == 0 {
 		return
@@ -320,11 +356,16 @@ func (w *rolloutWorld) resume() {
 	w.log("user: resume %d", w.resumes)
 }
 
-// fix makes a bad node's load succeed from now on.
+// fix makes a bad node's load and validation succeed from now on; the user deletes its failed
+// validation pod, which the rollout creates again.
 func (w *rolloutWorld) fix(i int) {
-	if w.nodes[i].bad {
-		w.nodes[i].bad = false
-		w.log("%s: fixed", w.nodes[i].name)
+	n := w.nodes[i]
+	if n.bad || n.badValidation || n.validation == ValidationFailed {
+		n.bad, n.badValidation = false, false
+		if n.validation == ValidationFailed {
+			n.validation = ValidationNone
+		}
+		w.log("%s: fixed", n.name)
 	}
 }
 
@@ -348,6 +389,10 @@ func (w *rolloutWorld) advance(i int) {
 			n.state = kmmv1beta1.StateDevicePluginDraining
 		case !n.dpPod:
 			n.dpPod = true
+		case n.validation == ValidationRunning && n.badValidation:
+			n.validation = ValidationFailed
+		case n.validation == ValidationRunning:
+			n.validation = ValidationSucceeded
 		}
 	case kmmv1beta1.StateDevicePluginDraining:
 		if n.dpPod && !w.faults.unloadsBeforeDPLeaves {
@@ -461,6 +506,8 @@ func rolloutSetupGen(t *rapid.T) rolloutSetup {
 		notReady:   rapid.SliceOfN(rapid.Map(rapid.Float64Range(0, 1), func(f float64) bool { return f < 0.15 }), n, n).Draw(t, "notReady"),
 		bad:        rapid.SliceOfN(rapid.Map(rapid.Float64Range(0, 1), func(f float64) bool { return f < 0.35 }), n, n).Draw(t, "bad"),
 	}
+	s.validates = rapid.Bool().Draw(t, "validates")
+	s.badValidation = rapid.SliceOfN(rapid.Map(rapid.Float64Range(0, 1), func(f float64) bool { return f < 0.2 }), n, n).Draw(t, "badValidation")
 	if rapid.IntRange(0, 2).Draw(t, "budgeted") > 0 {
 		// Small budgets, so that the bad nodes reach them.
 		mf := intstr.FromInt32(int32(rapid.IntRange(1, min(n, 2)).Draw(t, "maxFailed")))
@@ -553,6 +600,10 @@ func runSeeded(seed uint64, steps int, f rolloutFaults) *rolloutWorld {
 		mf := intstr.FromInt32(int32(1 + r.IntN(n)))
 		s.maxFailed = &mf
 	}
+	s.validates, s.badValidation = r.IntN(2) == 0, make([]bool, n)
+	for i := range n {
+		s.badValidation[i] = r.Float64() < 0.2
+	}
 	if r.IntN(2) == 0 {
 		s.maxUnavailable = intstr.FromString(fmt.Sprintf("%d%%", []int{10, 25, 34, 50, 75, 100}[r.IntN(6)]))
 	} else {
@@ -626,7 +677,9 @@ var rolloutFaultCases = []struct {
 	{"the planner ignores the skip label", rolloutFaults{ignoresSkip: true}, []string{"invariant skip", "invariant maxUnavailable"}},
 	{"a node unloads before its device plugin pod leaves", rolloutFaults{unloadsBeforeDPLeaves: true}, []string{"invariant device plugin"}},
 	{"the planner does not pause at the failure budget", rolloutFaults{ignoresFailureBudget: true}, []string{"invariant budget", "invariant pause status"}},
-	{"the planner does not count a failed node", rolloutFaults{failedNotCounted: true}, []string{"invariant maxUnavailable", "invariant budget", "invariant pause status"}},
+	{"the planner does not count a failed node", rolloutFaults{failedNotCounted: true}, []string{"invariant maxUnavailable", "invariant budget", "invariant pause status", "invariant validation"}},
+	{"the planner counts a node upgraded before its validation succeeded", rolloutFaults{skipsValidation: true}, []string{"invariant maxUnavailable", "invariant convergence"}},
+	{"the planner counts a node upgraded before its device plugin is back", rolloutFaults{ignoresDevicePlugin: true}, []string{"invariant maxUnavailable", "invariant validation"}},
 }
 
 // namesOneOf says whether a failure message names one of the invariants.

@@ -389,12 +389,71 @@ type UpgradePolicy struct {
 	// +optional
 	MaxFailed *intstr.IntOrString `json:"maxFailed,omitempty"`
 
+	// Validation is a pod kmm runs on each node once the new version is loaded there (and its
+	// device plugin or DRA driver pod is Ready): the node counts as Upgraded, and stops counting
+	// against maxUnavailable, only once it succeeded. Absent: no validation pod.
+	// +optional
+	Validation *ValidationSpec `json:"validation,omitempty"`
+
 	// NodeTimeoutSeconds: a node whose pair stays this long in one state of its upgrade (any state
-	// but Loaded) is UpgradeFailed. 0 or absent: no timeout. At most 7 days.
+	// but Loaded with another version than the node's label) is UpgradeFailed. 0 or absent: no
+	// timeout. At most 7 days.
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=604800
 	// +optional
 	NodeTimeoutSeconds int32 `json:"nodeTimeoutSeconds,omitempty"`
+}
+
+// ValidationSpec is the validation pod of an automatic rollout: one container, run once per node
+// and version, in the Module's namespace on that node (restartPolicy Never).
+type ValidationSpec struct {
+	// Container is the validation container; it succeeds by exiting 0. On failure, its termination
+	// message (or the tail of its log) is the reason's message.
+	Container ValidationContainerSpec `json:"container"`
+
+	// ServiceAccountName of the validation pod (default: the namespace's default account).
+	// +optional
+	ServiceAccountName string `json:"serviceAccountName,omitempty"`
+
+	// TimeoutSeconds bounds the pod's run (its activeDeadlineSeconds): past it the pod fails and
+	// the node is UpgradeFailed (ValidationFailed).
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=3600
+	// +kubebuilder:default=600
+	// +optional
+	TimeoutSeconds int32 `json:"timeoutSeconds,omitempty"`
+}
+
+// ValidationContainerSpec is the container of a validation pod.
+type ValidationContainerSpec struct {
+	// Image of the container.
+	// +kubebuilder:validation:MinLength=1
+	Image string `json:"image"`
+
+	// Command overrides the image's entrypoint.
+	// +optional
+	// +kubebuilder:validation:MaxItems=64
+	Command []string `json:"command,omitempty"`
+
+	// Args overrides the image's command.
+	// +optional
+	// +kubebuilder:validation:MaxItems=64
+	Args []string `json:"args,omitempty"`
+
+	// Env are environment variables of the container (the operator adds KMM_NODE_NAME,
+	// KMM_MODULE_VERSION).
+	// +optional
+	// +kubebuilder:validation:MaxItems=64
+	Env []corev1.EnvVar `json:"env,omitempty"`
+
+	// ImagePullPolicy of the image.
+	// +kubebuilder:validation:XValidation:rule="self in ['Always', 'IfNotPresent', 'Never']",message="imagePullPolicy must be Always, IfNotPresent or Never"
+	// +optional
+	ImagePullPolicy corev1.PullPolicy `json:"imagePullPolicy,omitempty"`
+
+	// Resources of the container.
+	// +optional
+	Resources corev1.ResourceRequirements `json:"resources,omitempty"`
 }
 
 // UpgradeState is where one selected node is in the automatic rollout of its Module.
@@ -426,6 +485,14 @@ const (
 	ReasonUpgradeTimedOut = "UpgradeTimedOut"
 	// ReasonDrainTimedOut: every drain strategy ran and workload pods remain on the node.
 	ReasonDrainTimedOut = "DrainTimedOut"
+	// ReasonValidationFailed: the node's validation pod failed (or ran past its timeout).
+	ReasonValidationFailed = "ValidationFailed"
+	// ReasonDevicePluginNotReady: the new version is loaded, its device plugin (or DRA driver)
+	// pod is not Ready on the node yet (an Upgrading node's reason).
+	ReasonDevicePluginNotReady = "DevicePluginNotReady"
+	// ReasonValidating: the new version is loaded and the node's validation pod has not
+	// succeeded yet (an Upgrading node's reason).
+	ReasonValidating = "Validating"
 )
 
 // MaxRolloutNodesListed bounds RolloutStatus.Nodes: failed nodes first, then upgrading ones, by
