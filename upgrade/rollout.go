@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
@@ -21,6 +22,9 @@ type RolloutInput struct {
 	Nodes []RolloutNode
 	// Now is the time of the decision (the node timeout and the drain timeout count up to it).
 	Now time.Time
+
+	// staleValidations are validation pods of other versions, which the reconciler deletes.
+	staleValidations []*corev1.Pod
 }
 
 // RolloutNode is what the rollout reads of one selected node and its (node, Module) pair.

@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/internal/expectations"
 	"github.com/kmm-project/kmm/internal/retry"
 	"github.com/kmm-project/kmm/internal/semantic"
@@ -82,6 +83,8 @@ func (r *RolloutReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		}))).
 		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.modulesOfNode), builder.WithPredicates(nodeRolloutFactsChanged())).
 		Watches(&kmmv1beta1.NodeModulesConfig{}, handler.EnqueueRequestsFromMapFunc(r.modulesOfNMC)).
+		// Device plugin, DRA driver and validation pods: whether a node is through.
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.moduleOfPod)).
 		WithOptions(controller.Options{RateLimiter: retry.Limiter()}).
 		Complete(r)
 }
@@ -110,6 +113,20 @@ func (r *RolloutReconciler) modulesOfNode(ctx context.Context, o client.Object) 
 		}
 	}
 	return out
+}
+
+// moduleOfPod maps a device plugin, DRA driver or validation pod to its Module, if automatic.
+func (r *RolloutReconciler) moduleOfPod(ctx context.Context, o client.Object) []ctrl.Request {
+	l := o.GetLabels()
+	if l[contract.LabelDevicePlugin] == "" && l[contract.LabelDRA] == "" && l[contract.LabelValidation] == "" {
+		return nil
+	}
+	key := types.NamespacedName{Namespace: l[contract.LabelModuleNamespace], Name: l[contract.LabelModuleName]}
+	m := &kmmv1beta1.Module{}
+	if err := r.Client.Get(ctx, key, m, client.UnsafeDisableDeepCopy); err != nil || !automatic(m) {
+		return nil
+	}
+	return []ctrl.Request{{NamespacedName: key}}
 }
 
 // modulesOfNMC maps an NMC to the automatic Modules of its spec and status entries.
@@ -173,10 +190,32 @@ func (r *RolloutReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 			return ctrl.Result{}, err
 		}
 	}
+	if err := r.validate(ctx, m, d.Validate, in.staleValidations); err != nil {
+		return ctrl.Result{}, err
+	}
 	if progress.Complete() {
 		return ctrl.Result{}, nil
 	}
 	return ctrl.Result{RequeueAfter: RolloutRequeue}, nil
+}
+
+// validate creates the validation pods the decision names and deletes those of other versions.
+func (r *RolloutReconciler) validate(ctx context.Context, m *kmmv1beta1.Module, nodes []string, stale []*corev1.Pod) error {
+	for _, n := range nodes {
+		if err := r.Client.Create(ctx, NewValidationPod(m, n)); err != nil && !apierrors.IsAlreadyExists(err) {
+			if r.Recorder != nil {
+				r.Recorder.Eventf(m, nil, corev1.EventTypeWarning, "ValidationPodRefused", "Rollout", "validation pod for node %s: %v", n, err)
+			}
+			return fmt.Errorf("creating the validation pod for node %s: %w", n, err)
+		}
+	}
+	for _, p := range stale {
+		uid := p.UID
+		if err := r.Client.Delete(ctx, p, client.Preconditions{UID: &uid}); client.IgnoreNotFound(err) != nil && !apierrors.IsConflict(err) {
+			return fmt.Errorf("deleting the validation pod %s of another version: %w", p.Name, err)
+		}
+	}
+	return nil
 }
 
 // writeRollout writes status.rollout when it changed, guarded by the Module's resourceVersion: a
@@ -217,6 +256,11 @@ func (r *RolloutReconciler) gather(ctx context.Context, m *kmmv1beta1.Module) (R
 	}
 	r.expected().Prune(r.now())
 	in := RolloutInput{Module: m, Nodes: make([]RolloutNode, 0, len(nodes.Items)), Now: r.now()}
+	pods, err := r.modulePods(ctx, m)
+	if err != nil {
+		return RolloutInput{}, err
+	}
+	in.staleValidations = pods.stale
 	for i := range nodes.Items {
 		n := &nodes.Items[i]
 		rn := RolloutNode{Name: n.Name, Labels: r.withExpectedLabel(n, kmmv1beta1.ModuleVersionLabel(m.Namespace, m.Name)),
@@ -225,19 +269,74 @@ func (r *RolloutReconciler) gather(ctx context.Context, m *kmmv1beta1.Module) (R
 		if err := r.Client.Get(ctx, client.ObjectKey{Name: n.Name}, nmc); client.IgnoreNotFound(err) != nil {
 			return RolloutInput{}, err
 		}
-		if st := nmc.StatusEntry(m.Namespace, m.Name); st != nil {
-			rn.State, rn.Reason, rn.Message, rn.Since = st.State, st.Reason, st.Message, st.LastTransitionTime.Time
-			rn.CordonedByKMM = st.Drain != nil && st.Drain.CordonedByKMM
-			if st.Drain != nil {
-				rn.DrainStart = st.Drain.StartTime.Time
-			}
-			if st.Config != nil {
-				rn.LoadedVersion = st.Config.Version
-			}
+		pairFacts(&rn, nmc.StatusEntry(m.Namespace, m.Name))
+		rn.DevicePluginPending = (m.Spec.DevicePlugin != nil || m.Spec.DRA != nil) && !pods.pluginReady[n.Name]
+		if p := pods.validation[n.Name]; p != nil {
+			rn.Validation = ObserveValidation(p)
 		}
 		in.Nodes = append(in.Nodes, rn)
 	}
 	return in, nil
+}
+
+// pairFacts reads what the rollout needs of the pair's NMC status entry (nil: none).
+func pairFacts(rn *RolloutNode, st *kmmv1beta1.NodeModuleStatus) {
+	if st == nil {
+		return
+	}
+	rn.State, rn.Reason, rn.Message, rn.Since = st.State, st.Reason, st.Message, st.LastTransitionTime.Time
+	rn.CordonedByKMM = st.Drain != nil && st.Drain.CordonedByKMM
+	if st.Drain != nil {
+		rn.DrainStart = st.Drain.StartTime.Time
+	}
+	if st.Config != nil {
+		rn.LoadedVersion = st.Config.Version
+	}
+}
+
+// rolloutPods are the Module's pods the rollout reads, by node.
+type rolloutPods struct {
+	// pluginReady: a Ready device plugin or DRA driver pod of the Module is on the node.
+	pluginReady map[string]bool
+	// validation is the node's validation pod of the Module's version.
+	validation map[string]*corev1.Pod
+	// stale are validation pods of other versions.
+	stale []*corev1.Pod
+}
+
+// modulePods reads the Module's device plugin, DRA driver and validation pods from the cache.
+func (r *RolloutReconciler) modulePods(ctx context.Context, m *kmmv1beta1.Module) (rolloutPods, error) {
+	list := &corev1.PodList{}
+	out := rolloutPods{pluginReady: map[string]bool{}, validation: map[string]*corev1.Pod{}}
+	if err := r.Client.List(ctx, list, client.InNamespace(m.Namespace),
+		client.MatchingLabels{contract.LabelModuleNamespace: m.Namespace, contract.LabelModuleName: m.Name}); err != nil {
+		return out, err
+	}
+	for i := range list.Items {
+		p := &list.Items[i]
+		switch l := p.Labels; {
+		case l[contract.LabelValidation] != "" && l[contract.LabelVersion] == m.Spec.Version():
+			out.validation[p.Spec.NodeName] = p
+		case l[contract.LabelValidation] != "":
+			out.stale = append(out.stale, p)
+		case (l[contract.LabelDevicePlugin] != "" || l[contract.LabelDRA] != "") && podReady(p):
+			out.pluginReady[p.Spec.NodeName] = true
+		}
+	}
+	return out, nil
+}
+
+// podReady says whether a pod runs with its Ready condition true and is not being deleted.
+func podReady(p *corev1.Pod) bool {
+	if p.DeletionTimestamp != nil || p.Status.Phase != corev1.PodRunning {
+		return false
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
 
 // withExpectedLabel returns the node's labels with the value this controller last set under key

@@ -93,6 +93,8 @@ type Agent struct {
 	mu       sync.Mutex
 	outcome  OutcomeFunc
 	hold     func(*corev1.Pod) bool
+	// validation decides how a validation pod ends (nil: it succeeds).
+	validation func(*corev1.Pod) (ok bool, message string)
 	nodes    map[string]*nodeState
 	seen     map[types.UID]time.Time // when a pod was first seen runnable
 	finished map[types.UID]bool      // pods the agent ended
@@ -139,6 +141,17 @@ func (a *Agent) SetOutcome(f OutcomeFunc) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.outcome = f
+	a.changes.requestFull()
+	a.poke()
+}
+
+// SetValidationOutcome decides how the rollout's validation pods (label contract.LabelValidation)
+// that end from now on end: succeeded, or failed with message as the container's termination
+// message. nil: every one succeeds.
+func (a *Agent) SetValidationOutcome(f func(pod *corev1.Pod) (ok bool, message string)) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.validation = f
 	a.changes.requestFull()
 	a.poke()
 }
