@@ -90,17 +90,17 @@ type Agent struct {
 	waiting  podSet    // pods to look at again on the next tick
 	lastFull time.Time // when the loop last looked at everything
 
-	mu       sync.Mutex
-	outcome  OutcomeFunc
-	hold     func(*corev1.Pod) bool
+	mu      sync.Mutex
+	outcome OutcomeFunc
+	hold    func(*corev1.Pod) bool
 	// validation decides how a validation pod ends (nil: it succeeds).
 	validation func(*corev1.Pod) (ok bool, message string)
-	nodes    map[string]*nodeState
-	seen     map[types.UID]time.Time // when a pod was first seen runnable
-	finished map[types.UID]bool      // pods the agent ended
-	deleted  map[types.UID]bool      // pods whose deletion the agent confirmed
-	runs     []Run
-	started  bool
+	nodes      map[string]*nodeState
+	seen       map[types.UID]time.Time // when a pod was first seen runnable
+	finished   map[types.UID]bool      // pods the agent ended
+	deleted    map[types.UID]bool      // pods whose deletion the agent confirmed
+	runs       []Run
+	started    bool
 }
 
 // New returns an Agent that reaches the API server with cfg. It manages no node until AddNode.
