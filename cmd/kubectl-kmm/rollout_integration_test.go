@@ -74,6 +74,10 @@ func TestRolloutCommands(t *testing.T) {
 	}
 	bump(t, k8s, ns, "nic", "v2", "reg.example.com/nic:v2")
 	out := rolloutStatus("rolling out v2", "PAUSED (PausedByUser", "UpgradePending 2")
+	if st, err := kmm(t, "status", ns+"/nic", "--kubeconfig", kubeconfig, "--width", "200"); err != nil ||
+		!strings.Contains(st, "; rollout of v2 paused (PausedByUser)") {
+		t.Fatalf("kubectl kmm status of a paused rollout (%v):\n%s", err, st)
+	}
 	t.Logf("kubectl kmm rollout status (paused):\n%s", out)
 	for _, n := range nodes {
 		node := &corev1.Node{}
