@@ -295,16 +295,28 @@ func (n *RolloutNode) failure(label string, policy *kmmv1beta1.UpgradePolicy, no
 			return n.Reason, "the pair backs off in " + string(n.State), true
 		}
 		return n.Reason, n.Message, true
-	case n.State == kmmv1beta1.StateDevicePluginDraining && policy.Drain != nil && !n.DrainStart.IsZero() &&
-		!now.Before(n.DrainStart.Add(drainGiveUp(policy.Drain))):
+	case n.drainTimedOut(policy.Drain, now):
 		return kmmv1beta1.ReasonDrainTimedOut, "every drain strategy ran since " + n.DrainStart.UTC().Format(time.RFC3339) +
 			" and workload pods remain on the node", true
-	case policy.NodeTimeoutSeconds > 0 && !(n.State == kmmv1beta1.StateLoaded && n.LoadedVersion != label) && !n.Since.IsZero() &&
-		!now.Before(n.Since.Add(time.Duration(policy.NodeTimeoutSeconds)*time.Second)):
+	case n.timedOut(label, policy.NodeTimeoutSeconds, now):
 		return kmmv1beta1.ReasonUpgradeTimedOut, "the pair has been " + string(n.State) + " since " +
 			n.Since.UTC().Format(time.RFC3339) + ", longer than nodeTimeoutSeconds", true
 	}
 	return "", "", false
+}
+
+// drainTimedOut says whether the pair still drains once every strategy of drain ran.
+func (n *RolloutNode) drainTimedOut(drain *kmmv1beta1.DrainSpec, now time.Time) bool {
+	return n.State == kmmv1beta1.StateDevicePluginDraining && drain != nil && !n.DrainStart.IsZero() &&
+		!now.Before(n.DrainStart.Add(drainGiveUp(drain)))
+}
+
+// timedOut says whether the pair stayed in its state for timeoutSeconds (0: never), unless it is
+// Loaded with another version than the label (its upgrade has not started).
+func (n *RolloutNode) timedOut(label string, timeoutSeconds int32, now time.Time) bool {
+	notStarted := n.State == kmmv1beta1.StateLoaded && n.LoadedVersion != label
+	return timeoutSeconds > 0 && !notStarted && !n.Since.IsZero() &&
+		!now.Before(n.Since.Add(time.Duration(timeoutSeconds)*time.Second))
 }
 
 // drainGiveUp is when a drain has run every strategy it will (fsm's planDrain says TimedOut then):
