@@ -26,6 +26,11 @@ const (
 	// and LabelModuleName. The node side counts a DRA driver pod as it counts a device plugin pod
 	// (it goes before an unload) and an upgrade drain evicts the draining Module's own.
 	LabelDRA = "kmm.sigs.x-k8s.io/dra-driver"
+	// LabelValidation marks the validation pods of an automatic rollout ("true"); they also carry
+	// LabelModuleNamespace, LabelModuleName, LabelNode and LabelVersion.
+	LabelValidation = "kmm.sigs.x-k8s.io/validation"
+	// LabelVersion is the Module version a validation pod validates.
+	LabelVersion = "kmm.sigs.x-k8s.io/version"
 	// LabelAction is the worker pod's Action: "load", "unload" or "reload".
 	LabelAction = "kmm.sigs.x-k8s.io/action"
 	// AnnotationConfig holds the worker Config as JSON; the downward API mounts it as ConfigFile.

@@ -3,7 +3,10 @@ package upgrade
 import (
 	"slices"
 	"strings"
+	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
@@ -17,6 +20,11 @@ type RolloutInput struct {
 	Module *kmmv1beta1.Module
 	// Nodes are the nodes the Module's selector matches.
 	Nodes []RolloutNode
+	// Now is the time of the decision (the node timeout and the drain timeout count up to it).
+	Now time.Time
+
+	// staleValidations are validation pods of other versions, which the reconciler deletes.
+	staleValidations []*corev1.Pod
 }
 
 // RolloutNode is what the rollout reads of one selected node and its (node, Module) pair.
@@ -35,6 +43,41 @@ type RolloutNode struct {
 	LoadedVersion string
 	// CordonedByKMM: the pair's drain record says the node's cordon is kmm's.
 	CordonedByKMM bool
+	// Reason and Message are the pair's last status reason and message.
+	Reason, Message string
+	// Since is when the pair entered its state (zero when there is no status entry).
+	Since time.Time
+	// DrainStart is when the pair's upgrade drain started (zero when it has no drain record).
+	DrainStart time.Time
+	// DevicePluginPending: the Module has a device plugin or DRA driver and no Ready pod of it is on
+	// the node (zero: nothing to wait for).
+	DevicePluginPending bool
+	// Validation is the node's validation pod for the Module's version (zero: none).
+	Validation ValidationPod
+}
+
+// ValidationPhase is what became of a validation pod.
+type ValidationPhase string
+
+// The validation pod phases the rollout distinguishes.
+const (
+	ValidationNone      ValidationPhase = ""
+	ValidationRunning   ValidationPhase = "Running"
+	ValidationSucceeded ValidationPhase = "Succeeded"
+	ValidationFailed    ValidationPhase = "Failed"
+)
+
+// ValidationPod is a node's validation pod as observed.
+type ValidationPod struct {
+	Phase ValidationPhase
+	// Message is, for a failed pod, its container's termination message or log tail.
+	Message string
+}
+
+// verified says whether a node that runs its label's version is through: its device plugin (or
+// DRA driver) pod is Ready, and its validation pod, if the Module has one, succeeded.
+func (n *RolloutNode) verified(policy *kmmv1beta1.UpgradePolicy) bool {
+	return !n.DevicePluginPending && (policy.Validation == nil || n.Validation.Phase == ValidationSucceeded)
 }
 
 // startedTowards says whether the node's pair is on its way to the version label: it drains or
@@ -60,6 +103,12 @@ type Progress struct {
 	Unavailable int
 	// Budget is maxUnavailable resolved against Total.
 	Budget int
+	// Failed counts the in-progress nodes that are UpgradeFailed (they are in InProgress too).
+	Failed int
+	// FailureBudget is maxFailed resolved against Total (0: none).
+	FailureBudget int
+	// Skipped counts the selected nodes with the upgrade-skip label.
+	Skipped int
 }
 
 // Complete says whether every managed node runs the Module's version.
@@ -67,57 +116,96 @@ func (p Progress) Complete() bool {
 	return p.Done == p.Total
 }
 
-// PlanRollout returns the version-module labels to set, and the classification of the selected
-// nodes behind them, so that the rollout advances without more than maxUnavailable nodes
-// unavailable at once:
+// PlanRollout is DecideRollout's intents and classification.
+func PlanRollout(in RolloutInput) ([]Intent, Progress) {
+	d := DecideRollout(in)
+	return d.Intents, d.Progress
+}
+
+// RolloutDecision is what one rollout step decides.
+type RolloutDecision struct {
+	// Intents are the version-module labels to set.
+	Intents []Intent
+	// Progress is the classification of the selected nodes behind them.
+	Progress Progress
+	// Status is the Module's new status.rollout (nil when the Module is not rolled out automatically).
+	Status *kmmv1beta1.RolloutStatus
+	// PausedNow: this step paused the rollout at its failure budget (the one Event of the pause).
+	PausedNow bool
+	// NewlyFailed are the nodes UpgradeFailed now that the last status did not list as failed.
+	NewlyFailed []kmmv1beta1.RolloutNodeStatus
+	// Validate are the nodes whose validation pod for the version is to be created.
+	Validate []string
+}
+
+// DecideRollout returns the version-module labels to set, the classification of the selected nodes
+// behind them and the rollout's status, so that the rollout advances without more than
+// maxUnavailable nodes unavailable at once and stops at its failure budget:
 //
 //   - nothing unless upgradePolicy.automatic is true and the Module has a version (and is not
 //     being deleted);
 //   - nodes with the upgrade-skip label are never touched and do not count anywhere;
-//   - a node is done when its label equals the version and its pair is Loaded with that version,
-//     in progress when its label equals the version but it is not done, or when it started
+//   - a node is done when its label equals the version, its pair is Loaded with that version, its
+//     device plugin (or DRA driver) pod is Ready if the Module has one, and its validation pod
+//     succeeded if the Module has one (a node that got that far without a validation pod gets
+//     one: Validate), in progress when its label equals the version but it is not done, or when it started
 //     towards the version its label names and the Module has since left (startedTowards), and
 //     pending otherwise
 //     (a missing label is adopted: it is set like any other);
+//   - an in-progress node is UpgradeFailed (failure) while its pair backs off after a failed load
+//     or unload, once its validation pod failed, once its drain ran every strategy and pods remain,
+//     or once its pair stayed in one state (but Loaded with another version than its label) for
+//     nodeTimeoutSeconds; it stays in progress, and unavailable;
 //   - unavailable = in-progress nodes + cordoned or NotReady nodes (done ones too: a cordon kmm
 //     has not lifted yet, or a node that went NotReady after its upgrade, is unavailable all the same);
 //   - a node in progress to a version the Module no longer has (a bump during the rollout) is
 //     retargeted at once: it is unavailable already, and kmm's own cordon would otherwise keep it
 //     from ever starting again;
-//   - at most budget − unavailable pending nodes start, by name; a cordoned or NotReady pending
-//     node never starts.
-func PlanRollout(in RolloutInput) ([]Intent, Progress) {
+//   - the rollout is paused (decidePause) by the user (upgradePolicy.paused), or by itself once
+//     maxFailed nodes beyond those failed at the last resume are UpgradeFailed, until the user
+//     resumes it or the version changes; a paused rollout starts no node (retargets still go);
+//   - else at most budget − unavailable pending nodes start, by name; a cordoned or NotReady
+//     pending node never starts.
+func DecideRollout(in RolloutInput) RolloutDecision {
 	m := in.Module
 	if m == nil || !automatic(m) {
-		return nil, Progress{}
+		return RolloutDecision{}
 	}
 	version := m.Spec.Version()
-	p, c := classify(m, in.Nodes)
-	p.Budget = budget(m.Spec.UpgradePolicy, p.Total)
+	p, c := classify(m, in.Nodes, in.Now)
+	p.Budget = budget(m.Spec.UpgradePolicy.MaxUnavailable, p.Total)
+	p.FailureBudget = failureBudget(m.Spec.UpgradePolicy.MaxFailed, p.Total)
+	d := RolloutDecision{Progress: p}
+	nodes := listed(c.failed, c.upgrading) // sorts both by name
+	d.Status, d.PausedNow = decidePause(m, p, c.failed, in.Now)
+	d.Status.NodesByUpgradeState = countStates(p)
+	d.Status.Nodes = nodes
+	d.NewlyFailed = newlyFailed(m.Status.Rollout, version, c.failed)
+	d.Validate = c.validate
 
 	starts := c.pending
 	slices.SortFunc(starts, strings.Compare)
 	starts = starts[:min(max(p.Budget-p.Unavailable, 0), len(starts))]
-	names := append(slices.Sorted(slices.Values(c.retarget)), starts...)
-	if len(names) == 0 {
-		return nil, p
+	if d.Status.Paused != nil {
+		starts = nil
 	}
-	intents := make([]Intent, 0, len(names))
-	for _, name := range names {
-		intents = append(intents, Intent{Node: name, Version: version})
+	for _, name := range append(slices.Sorted(slices.Values(c.retarget)), starts...) {
+		d.Intents = append(d.Intents, Intent{Node: name, Version: version})
 	}
-	return intents, p
+	return d
 }
 
-// candidates are the nodes a rollout may label: pending nodes that may start (Ready and
-// schedulable), and nodes in progress to a version the Module no longer has.
+// candidates are the nodes a rollout may label (pending nodes that may start, Ready and
+// schedulable, and nodes in progress to a version the Module no longer has) and the nodes it lists
+// in its status.
 type candidates struct {
-	pending, retarget []string
+	pending, retarget, validate []string
+	failed, upgrading           []kmmv1beta1.RolloutNodeStatus
 }
 
-// classify counts the managed nodes as done, in progress or pending and returns the nodes that may
-// be labelled.
-func classify(m *kmmv1beta1.Module, nodes []RolloutNode) (Progress, candidates) {
+// classify counts the managed nodes as done, in progress (failed or not) or pending and returns the
+// nodes that may be labelled and those listed.
+func classify(m *kmmv1beta1.Module, nodes []RolloutNode, now time.Time) (Progress, candidates) {
 	version := m.Spec.Version()
 	labelKey := kmmv1beta1.ModuleVersionLabel(m.Namespace, m.Name)
 	skipKey := kmmv1beta1.UpgradeSkipLabel(m.Namespace, m.Name)
@@ -126,6 +214,7 @@ func classify(m *kmmv1beta1.Module, nodes []RolloutNode) (Progress, candidates) 
 	for i := range nodes {
 		n := &nodes[i]
 		if _, skip := n.Labels[skipKey]; skip {
+			p.Skipped++
 			continue
 		}
 		p.Total++
@@ -133,15 +222,17 @@ func classify(m *kmmv1beta1.Module, nodes []RolloutNode) (Progress, candidates) 
 		runsLabel := n.State == kmmv1beta1.StateLoaded && n.LoadedVersion == label
 		unavailable := !n.Ready || n.Unschedulable
 		switch {
-		case hasLabel && label == version && runsLabel:
+		case hasLabel && label == version && runsLabel && n.verified(m.Spec.UpgradePolicy):
 			p.Done++
 		case hasLabel && label == version:
 			p.InProgress++
 			unavailable = true
+			c.inProgress(&p, n, label, m.Spec.UpgradePolicy, now)
 		case hasLabel && n.startedTowards(label):
 			p.InProgress++
 			unavailable = true
 			c.retarget = append(c.retarget, n.Name)
+			c.inProgress(&p, n, label, m.Spec.UpgradePolicy, now)
 		default:
 			p.Pending++
 			if !unavailable {
@@ -155,6 +246,125 @@ func classify(m *kmmv1beta1.Module, nodes []RolloutNode) (Progress, candidates) 
 	return p, c
 }
 
+// inProgress lists an in-progress node as failed or upgrading.
+func (c *candidates) inProgress(p *Progress, n *RolloutNode, label string, policy *kmmv1beta1.UpgradePolicy, now time.Time) {
+	row := kmmv1beta1.RolloutNodeStatus{Name: n.Name, State: kmmv1beta1.Upgrading, PairState: n.State, Reason: n.Reason, Message: n.Message}
+	if !n.Since.IsZero() {
+		row.Since = &metav1.Time{Time: n.Since}
+	}
+	reason, message, failed := n.failure(label, policy, now)
+	if !failed {
+		c.upgrading = append(c.upgrading, c.verifying(n, label, policy, row))
+		return
+	}
+	p.Failed++
+	row.State, row.Reason, row.Message = kmmv1beta1.UpgradeFailed, reason, message
+	c.failed = append(c.failed, row)
+}
+
+// verifying is the row of an upgrading node that runs its label's version but is not verified yet:
+// it waits for its device plugin pod, or for its validation pod (to be created when it has none).
+func (c *candidates) verifying(n *RolloutNode, label string, policy *kmmv1beta1.UpgradePolicy, row kmmv1beta1.RolloutNodeStatus) kmmv1beta1.RolloutNodeStatus {
+	if n.State != kmmv1beta1.StateLoaded || n.LoadedVersion != label {
+		return row
+	}
+	switch {
+	case n.DevicePluginPending:
+		row.Reason, row.Message = kmmv1beta1.ReasonDevicePluginNotReady, "loaded; waiting for the device plugin (or DRA driver) pod to be Ready"
+	case policy.Validation != nil:
+		row.Reason, row.Message = kmmv1beta1.ReasonValidating, "loaded; the validation pod runs"
+		if n.Validation.Phase == ValidationNone {
+			c.validate = append(c.validate, n.Name)
+			row.Message = "loaded; the validation pod is being created"
+		}
+	}
+	return row
+}
+
+// failure says whether an in-progress node is UpgradeFailed, and why: its validation pod failed
+// (ValidationFailed), its pair backs off after a failed worker (the pair's reason and message), its
+// drain ran every strategy and pods remain (DrainTimedOut), or its pair stayed in one state for
+// nodeTimeoutSeconds (UpgradeTimedOut), but Loaded with another version than its label (its
+// upgrade has not started).
+func (n *RolloutNode) failure(label string, policy *kmmv1beta1.UpgradePolicy, now time.Time) (reason, message string, failed bool) {
+	switch {
+	case n.State == kmmv1beta1.StateLoaded && n.LoadedVersion == label && n.Validation.Phase == ValidationFailed:
+		return kmmv1beta1.ReasonValidationFailed, "the validation pod failed: " + n.Validation.Message, true
+	case n.State == kmmv1beta1.StateLoadBackOff || n.State == kmmv1beta1.StateUnloadBackOff:
+		if n.Message == "" {
+			return n.Reason, "the pair backs off in " + string(n.State), true
+		}
+		return n.Reason, n.Message, true
+	case n.drainTimedOut(policy.Drain, now):
+		return kmmv1beta1.ReasonDrainTimedOut, "every drain strategy ran since " + n.DrainStart.UTC().Format(time.RFC3339) +
+			" and workload pods remain on the node", true
+	case n.timedOut(label, policy.NodeTimeoutSeconds, now):
+		return kmmv1beta1.ReasonUpgradeTimedOut, "the pair has been " + string(n.State) + " since " +
+			n.Since.UTC().Format(time.RFC3339) + ", longer than nodeTimeoutSeconds", true
+	}
+	return "", "", false
+}
+
+// drainTimedOut says whether the pair still drains once every strategy of drain ran.
+func (n *RolloutNode) drainTimedOut(drain *kmmv1beta1.DrainSpec, now time.Time) bool {
+	return n.State == kmmv1beta1.StateDevicePluginDraining && drain != nil && !n.DrainStart.IsZero() &&
+		!now.Before(n.DrainStart.Add(drainGiveUp(drain)))
+}
+
+// timedOut says whether the pair stayed in its state for timeoutSeconds (0: never), unless it is
+// Loaded with another version than the label (its upgrade has not started).
+func (n *RolloutNode) timedOut(label string, timeoutSeconds int32, now time.Time) bool {
+	notStarted := n.State == kmmv1beta1.StateLoaded && n.LoadedVersion != label
+	return timeoutSeconds > 0 && !notStarted && !n.Since.IsZero() &&
+		!now.Before(n.Since.Add(time.Duration(timeoutSeconds)*time.Second))
+}
+
+// drainGiveUp is when a drain has run every strategy it will (fsm's planDrain says TimedOut then):
+// the later of timeoutSeconds and expectedDrainSeconds + pdbForceDrainTimeoutSeconds.
+func drainGiveUp(d *kmmv1beta1.DrainSpec) time.Duration {
+	return time.Duration(max(d.TimeoutSeconds, d.ExpectedDrainSeconds+d.PDBForceDrainTimeoutSeconds)) * time.Second
+}
+
+// countStates is status.rollout.nodesByUpgradeState.
+func countStates(p Progress) map[kmmv1beta1.UpgradeState]int32 {
+	out := map[kmmv1beta1.UpgradeState]int32{}
+	for state, n := range map[kmmv1beta1.UpgradeState]int{
+		kmmv1beta1.UpgradePending: p.Pending, kmmv1beta1.Upgrading: p.InProgress - p.Failed, kmmv1beta1.Upgraded: p.Done,
+		kmmv1beta1.UpgradeFailed: p.Failed, kmmv1beta1.UpgradeSkipped: p.Skipped,
+	} {
+		if n > 0 {
+			out[state] = count32(n)
+		}
+	}
+	return out
+}
+
+// listed is status.rollout.nodes: failed nodes, then upgrading ones, each by name, at most
+// MaxRolloutNodesListed.
+func listed(failed, upgrading []kmmv1beta1.RolloutNodeStatus) []kmmv1beta1.RolloutNodeStatus {
+	byName := func(a, b kmmv1beta1.RolloutNodeStatus) int { return strings.Compare(a.Name, b.Name) }
+	slices.SortFunc(failed, byName)
+	slices.SortFunc(upgrading, byName)
+	out := append(slices.Clone(failed), upgrading...)
+	if len(out) == 0 {
+		return nil
+	}
+	return out[:min(len(out), kmmv1beta1.MaxRolloutNodesListed)]
+}
+
+// newlyFailed are the failed nodes the last status of the same version did not list as failed.
+func newlyFailed(prev *kmmv1beta1.RolloutStatus, version string, failed []kmmv1beta1.RolloutNodeStatus) []kmmv1beta1.RolloutNodeStatus {
+	var out []kmmv1beta1.RolloutNodeStatus
+	for _, f := range failed {
+		if prev == nil || prev.Version != version || !slices.ContainsFunc(prev.Nodes, func(r kmmv1beta1.RolloutNodeStatus) bool {
+			return r.Name == f.Name && r.State == kmmv1beta1.UpgradeFailed
+		}) {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
 // automatic says whether the operator rolls the Module's version out itself.
 func automatic(m *kmmv1beta1.Module) bool {
 	return m.Spec.UpgradePolicy != nil && m.Spec.UpgradePolicy.Automatic &&
@@ -163,16 +373,29 @@ func automatic(m *kmmv1beta1.Module) bool {
 
 // budget resolves maxUnavailable against total nodes: rounded down, but at least 1 for a positive
 // percentage; 1 when unset or unparsable; never negative.
-func budget(policy *kmmv1beta1.UpgradePolicy, total int) int {
-	if policy == nil || policy.MaxUnavailable == nil {
+func budget(mu *intstr.IntOrString, total int) int {
+	if mu == nil {
 		return 1
 	}
-	mu := policy.MaxUnavailable
-	n, err := intstr.GetScaledValueFromIntOrPercent(mu, total, false)
+	return resolve(mu, total, 1)
+}
+
+// failureBudget resolves maxFailed like maxUnavailable; 0 (no budget) when unset or unparsable.
+func failureBudget(mf *intstr.IntOrString, total int) int {
+	if mf == nil {
+		return 0
+	}
+	return resolve(mf, total, 0)
+}
+
+// resolve scales a number or percentage against total: rounded down, but at least 1 for a positive
+// percentage; invalid when unparsable; never negative.
+func resolve(v *intstr.IntOrString, total, invalid int) int {
+	n, err := intstr.GetScaledValueFromIntOrPercent(v, total, false)
 	if err != nil {
-		return 1
+		return invalid
 	}
-	if n <= 0 && mu.Type == intstr.String && percentPositive(mu.StrVal) {
+	if n <= 0 && v.Type == intstr.String && percentPositive(v.StrVal) {
 		return 1
 	}
 	return max(n, 0)

@@ -13,6 +13,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -23,8 +24,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
+	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/internal/expectations"
 	"github.com/kmm-project/kmm/internal/retry"
+	"github.com/kmm-project/kmm/internal/semantic"
 )
 
 // RolloutRequeue is how often a Module whose automatic rollout is not complete is looked at again
@@ -43,7 +46,9 @@ type nodeLabel struct{ node, key string }
 // time (PlanRollout); the version label controller then carries out seed 002's flow per node.
 type RolloutReconciler struct {
 	Client client.Client
-	// Clock dates the label expectations (the real clock when nil).
+	// Recorder records the rollout's Events on the Module (RolloutPaused, UpgradeFailed); none when nil.
+	Recorder events.EventRecorder
+	// Clock dates the label expectations and the rollout's decisions (the real clock when nil).
 	Clock clock.PassiveClock
 
 	expectOnce sync.Once
@@ -71,11 +76,15 @@ func (r *RolloutReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Named("upgrade-rollout").
 		// Only automatic Modules: a reconcile of any other returns at once (issue 22: ~21,700 of them
 		// per 1,000 x 3 load before these filters).
+		// A Module no longer automatic passes while its status.rollout is there to clear.
 		For(&kmmv1beta1.Module{}, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
-			return automatic(o.(*kmmv1beta1.Module))
+			m := o.(*kmmv1beta1.Module)
+			return automatic(m) || m.Status.Rollout != nil
 		}))).
 		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.modulesOfNode), builder.WithPredicates(nodeRolloutFactsChanged())).
 		Watches(&kmmv1beta1.NodeModulesConfig{}, handler.EnqueueRequestsFromMapFunc(r.modulesOfNMC)).
+		// Device plugin, DRA driver and validation pods: whether a node is through.
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.moduleOfPod)).
 		WithOptions(controller.Options{RateLimiter: retry.Limiter()}).
 		Complete(r)
 }
@@ -106,6 +115,20 @@ func (r *RolloutReconciler) modulesOfNode(ctx context.Context, o client.Object) 
 	return out
 }
 
+// moduleOfPod maps a device plugin, DRA driver or validation pod to its Module, if automatic.
+func (r *RolloutReconciler) moduleOfPod(ctx context.Context, o client.Object) []ctrl.Request {
+	l := o.GetLabels()
+	if l[contract.LabelDevicePlugin] == "" && l[contract.LabelDRA] == "" && l[contract.LabelValidation] == "" {
+		return nil
+	}
+	key := types.NamespacedName{Namespace: l[contract.LabelModuleNamespace], Name: l[contract.LabelModuleName]}
+	m := &kmmv1beta1.Module{}
+	if err := r.Client.Get(ctx, key, m, client.UnsafeDisableDeepCopy); err != nil || !automatic(m) {
+		return nil
+	}
+	return []ctrl.Request{{NamespacedName: key}}
+}
+
 // modulesOfNMC maps an NMC to the automatic Modules of its spec and status entries.
 func (r *RolloutReconciler) modulesOfNMC(ctx context.Context, o client.Object) []ctrl.Request {
 	nmc := o.(*kmmv1beta1.NodeModulesConfig)
@@ -132,34 +155,97 @@ func (r *RolloutReconciler) modulesOfNMC(ctx context.Context, o client.Object) [
 	return out
 }
 
-// Reconcile gathers the selected nodes and their pairs, plans one rollout step and patches the
-// version-module labels the plan names.
+// Reconcile gathers the selected nodes and their pairs, decides one rollout step, writes the
+// rollout's status (then its Events) and patches the version-module labels the decision names.
 func (r *RolloutReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	m := &kmmv1beta1.Module{}
 	if err := r.Client.Get(ctx, req.NamespacedName, m); err != nil {
+		if apierrors.IsNotFound(err) {
+			recordMetrics(req.Namespace, req.Name, nil)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !automatic(m) {
-		return ctrl.Result{}, nil
+		recordMetrics(m.Namespace, m.Name, nil)
+		return ctrl.Result{}, r.writeRollout(ctx, m, nil)
 	}
 	in, err := r.gather(ctx, m)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	intents, progress := PlanRollout(in)
+	d := DecideRollout(in)
+	prev := m.Status.Rollout
+	if err := r.writeRollout(ctx, m, d.Status); err != nil {
+		return ctrl.Result{}, err
+	}
+	recordMetrics(m.Namespace, m.Name, d.Status)
+	r.recordEvents(m, prev, d)
+	progress := d.Progress
 	log := ctrl.LoggerFrom(ctx).WithValues("module", req.NamespacedName, "version", m.Spec.Version())
 	key := kmmv1beta1.ModuleVersionLabel(m.Namespace, m.Name)
-	for _, it := range intents {
+	for _, it := range d.Intents {
 		log.Info("Moving the version-module label", "node", it.Node, "done", progress.Done, "total", progress.Total,
 			"unavailable", progress.Unavailable, "maxUnavailable", progress.Budget)
 		if err := r.setLabel(ctx, it.Node, key, it.Version); err != nil {
 			return ctrl.Result{}, err
 		}
 	}
+	if err := r.validate(ctx, m, d.Validate, in.staleValidations); err != nil {
+		return ctrl.Result{}, err
+	}
 	if progress.Complete() {
 		return ctrl.Result{}, nil
 	}
 	return ctrl.Result{RequeueAfter: RolloutRequeue}, nil
+}
+
+// validate creates the validation pods the decision names and deletes those of other versions.
+func (r *RolloutReconciler) validate(ctx context.Context, m *kmmv1beta1.Module, nodes []string, stale []*corev1.Pod) error {
+	for _, n := range nodes {
+		if err := r.Client.Create(ctx, NewValidationPod(m, n)); err != nil && !apierrors.IsAlreadyExists(err) {
+			if r.Recorder != nil {
+				r.Recorder.Eventf(m, nil, corev1.EventTypeWarning, "ValidationPodRefused", "Rollout", "validation pod for node %s: %v", n, err)
+			}
+			return fmt.Errorf("creating the validation pod for node %s: %w", n, err)
+		}
+	}
+	for _, p := range stale {
+		uid := p.UID
+		if err := r.Client.Delete(ctx, p, client.Preconditions{UID: &uid}); client.IgnoreNotFound(err) != nil && !apierrors.IsConflict(err) {
+			return fmt.Errorf("deleting the validation pod %s of another version: %w", p.Name, err)
+		}
+	}
+	return nil
+}
+
+// writeRollout writes status.rollout when it changed, guarded by the Module's resourceVersion: a
+// decision taken on a stale Module (one whose pause this controller wrote and its cache does not
+// show yet) fails on the conflict and is taken again, so a pause has exactly one Event.
+func (r *RolloutReconciler) writeRollout(ctx context.Context, m *kmmv1beta1.Module, st *kmmv1beta1.RolloutStatus) error {
+	if semantic.Equal(m.Status.Rollout, st) {
+		return nil
+	}
+	m.Status.Rollout = st
+	return client.IgnoreNotFound(r.Client.Status().Update(ctx, m))
+}
+
+// recordEvents records, after the status that says so was written, the pause at the failure budget
+// (one Warning RolloutPaused) and each node newly UpgradeFailed (one Warning UpgradeFailed).
+func (r *RolloutReconciler) recordEvents(m *kmmv1beta1.Module, prev *kmmv1beta1.RolloutStatus, d RolloutDecision) {
+	if r.Recorder == nil {
+		return
+	}
+	for _, n := range d.NewlyFailed {
+		r.Recorder.Eventf(m, nil, corev1.EventTypeWarning, string(kmmv1beta1.UpgradeFailed), "Rollout",
+			"node %s failed its upgrade to %s: %s: %s", n.Name, d.Status.Version, n.Reason, n.Message)
+	}
+	if d.PausedNow {
+		r.Recorder.Eventf(m, nil, corev1.EventTypeWarning, "RolloutPaused", "Rollout", "%s", d.Status.Paused.Message)
+	}
+	if prev != nil && prev.Paused != nil && prev.Paused.Reason == kmmv1beta1.ReasonFailureBudgetExceeded && !d.PausedNow &&
+		(d.Status.Paused == nil || d.Status.Paused.Reason != kmmv1beta1.ReasonFailureBudgetExceeded) {
+		r.Recorder.Eventf(m, nil, corev1.EventTypeNormal, "RolloutResumed", "Rollout", "the rollout of %s goes on", d.Status.Version)
+	}
 }
 
 // gather reads the selected nodes and their pairs' NMC status entries into a RolloutInput.
@@ -169,7 +255,12 @@ func (r *RolloutReconciler) gather(ctx context.Context, m *kmmv1beta1.Module) (R
 		return RolloutInput{}, err
 	}
 	r.expected().Prune(r.now())
-	in := RolloutInput{Module: m, Nodes: make([]RolloutNode, 0, len(nodes.Items))}
+	in := RolloutInput{Module: m, Nodes: make([]RolloutNode, 0, len(nodes.Items)), Now: r.now()}
+	pods, err := r.modulePods(ctx, m)
+	if err != nil {
+		return RolloutInput{}, err
+	}
+	in.staleValidations = pods.stale
 	for i := range nodes.Items {
 		n := &nodes.Items[i]
 		rn := RolloutNode{Name: n.Name, Labels: r.withExpectedLabel(n, kmmv1beta1.ModuleVersionLabel(m.Namespace, m.Name)),
@@ -178,16 +269,74 @@ func (r *RolloutReconciler) gather(ctx context.Context, m *kmmv1beta1.Module) (R
 		if err := r.Client.Get(ctx, client.ObjectKey{Name: n.Name}, nmc); client.IgnoreNotFound(err) != nil {
 			return RolloutInput{}, err
 		}
-		if st := nmc.StatusEntry(m.Namespace, m.Name); st != nil {
-			rn.State = st.State
-			rn.CordonedByKMM = st.Drain != nil && st.Drain.CordonedByKMM
-			if st.Config != nil {
-				rn.LoadedVersion = st.Config.Version
-			}
+		pairFacts(&rn, nmc.StatusEntry(m.Namespace, m.Name))
+		rn.DevicePluginPending = (m.Spec.DevicePlugin != nil || m.Spec.DRA != nil) && !pods.pluginReady[n.Name]
+		if p := pods.validation[n.Name]; p != nil {
+			rn.Validation = ObserveValidation(p)
 		}
 		in.Nodes = append(in.Nodes, rn)
 	}
 	return in, nil
+}
+
+// pairFacts reads what the rollout needs of the pair's NMC status entry (nil: none).
+func pairFacts(rn *RolloutNode, st *kmmv1beta1.NodeModuleStatus) {
+	if st == nil {
+		return
+	}
+	rn.State, rn.Reason, rn.Message, rn.Since = st.State, st.Reason, st.Message, st.LastTransitionTime.Time
+	rn.CordonedByKMM = st.Drain != nil && st.Drain.CordonedByKMM
+	if st.Drain != nil {
+		rn.DrainStart = st.Drain.StartTime.Time
+	}
+	if st.Config != nil {
+		rn.LoadedVersion = st.Config.Version
+	}
+}
+
+// rolloutPods are the Module's pods the rollout reads, by node.
+type rolloutPods struct {
+	// pluginReady: a Ready device plugin or DRA driver pod of the Module is on the node.
+	pluginReady map[string]bool
+	// validation is the node's validation pod of the Module's version.
+	validation map[string]*corev1.Pod
+	// stale are validation pods of other versions.
+	stale []*corev1.Pod
+}
+
+// modulePods reads the Module's device plugin, DRA driver and validation pods from the cache.
+func (r *RolloutReconciler) modulePods(ctx context.Context, m *kmmv1beta1.Module) (rolloutPods, error) {
+	list := &corev1.PodList{}
+	out := rolloutPods{pluginReady: map[string]bool{}, validation: map[string]*corev1.Pod{}}
+	if err := r.Client.List(ctx, list, client.InNamespace(m.Namespace),
+		client.MatchingLabels{contract.LabelModuleNamespace: m.Namespace, contract.LabelModuleName: m.Name}); err != nil {
+		return out, err
+	}
+	for i := range list.Items {
+		p := &list.Items[i]
+		switch l := p.Labels; {
+		case l[contract.LabelValidation] != "" && l[contract.LabelVersion] == m.Spec.Version():
+			out.validation[p.Spec.NodeName] = p
+		case l[contract.LabelValidation] != "":
+			out.stale = append(out.stale, p)
+		case (l[contract.LabelDevicePlugin] != "" || l[contract.LabelDRA] != "") && podReady(p):
+			out.pluginReady[p.Spec.NodeName] = true
+		}
+	}
+	return out, nil
+}
+
+// podReady says whether a pod runs with its Ready condition true and is not being deleted.
+func podReady(p *corev1.Pod) bool {
+	if p.DeletionTimestamp != nil || p.Status.Phase != corev1.PodRunning {
+		return false
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
 
 // withExpectedLabel returns the node's labels with the value this controller last set under key

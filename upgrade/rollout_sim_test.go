@@ -22,6 +22,10 @@ import (
 // node is Ready, every node that is not skipped must end Loaded with the new version. The
 // package's TestMain (suite_test.go) lengthens rapid's interleavings for it.
 
+// pausedRuns counts planner runs that found the rollout paused at its failure budget, so that the
+// property test can show it exercises the budget.
+var pausedRuns int
+
 // startedBesideUnavailable counts planner runs that started nodes while another node was NotReady
 // or cordoned, so that the property test can show it exercises that budget rule.
 var startedBesideUnavailable int
@@ -38,6 +42,10 @@ type rolloutFaults struct {
 	ignoresUnavailable    bool // the planner sees every node Ready and schedulable
 	ignoresSkip           bool // the planner does not see the upgrade-skip label
 	unloadsBeforeDPLeaves bool // the node unloads while the device plugin pod still runs
+	ignoresFailureBudget  bool // the planner plans as if maxFailed were unset
+	failedNotCounted      bool // the planner sees a failed node as done
+	skipsValidation       bool // the planner sees every validation pod succeeded
+	ignoresDevicePlugin   bool // the planner never sees a device plugin pod pending
 }
 
 type rolloutSimNode struct {
@@ -49,7 +57,13 @@ type rolloutSimNode struct {
 	state    kmmv1beta1.ModuleState
 	loaded   string // version loaded in the node's kernel
 	dpPod    bool   // a device plugin pod runs on the node
-	initial  rolloutSimNode0
+	bad      bool   // its load of the new version fails until fixed
+	// validates says the Module has a validation pod; validation is the node's pod for the new
+	// version; badValidation makes it fail until fixed.
+	validates     bool
+	validation    ValidationPhase
+	badValidation bool
+	initial       rolloutSimNode0
 }
 
 // rolloutSimNode0 is what a node started with, to check that skipped nodes are left alone.
@@ -59,12 +73,22 @@ type rolloutSimNode0 struct {
 }
 
 type rolloutWorld struct {
-	module     *kmmv1beta1.Module
-	nodes      []*rolloutSimNode
-	budget     int // maxUnavailable resolved by the test itself, not by the code under test
-	faults     rolloutFaults
-	trace      []string
-	violations []string
+	module    *kmmv1beta1.Module
+	nodes     []*rolloutSimNode
+	budget    int // maxUnavailable resolved by the test itself, not by the code under test
+	faults    rolloutFaults
+	maxFailed int // maxFailed resolved by the test itself (0: no budget)
+	// status is the rollout's status as the controller last wrote it; resumes is the user's
+	// rollout-resume annotation (a counter).
+	status  *kmmv1beta1.RolloutStatus
+	resumes int
+	// The test's own model of the pause: paused at the budget, the nodes failed at the last
+	// resume, and a resume the planner has not seen yet.
+	modelPaused   bool
+	modelAtResume int
+	resumePending bool
+	trace         []string
+	violations    []string
 }
 
 // rolloutSetup is the random part of a world: the node count, each node's start and the policy.
@@ -73,16 +97,27 @@ type rolloutSetup struct {
 	unlabelled     []bool // the node starts without the label and without the module (adoption)
 	skip           []bool
 	notReady       []bool
+	bad            []bool
+	badValidation  []bool
+	validates      bool
 	maxUnavailable intstr.IntOrString
+	maxFailed      *intstr.IntOrString
 }
 
 func newRolloutWorld(s rolloutSetup, f rolloutFaults) *rolloutWorld {
 	m := rolloutModule(simNew, auto(&s.maxUnavailable))
+	m.Spec.UpgradePolicy.MaxFailed = s.maxFailed
+	if s.validates {
+		m.Spec.UpgradePolicy.Validation = &kmmv1beta1.ValidationSpec{Container: kmmv1beta1.ValidationContainerSpec{Image: "check"}}
+	}
 	w := &rolloutWorld{module: m, faults: f}
 	managed := 0
 	for i := range s.n {
 		n := &rolloutSimNode{name: fmt.Sprintf("n%d", i), label: simOld, skip: s.skip[i], ready: !s.notReady[i],
-			state: kmmv1beta1.StateLoaded, loaded: simOld, dpPod: true}
+			state: kmmv1beta1.StateLoaded, loaded: simOld, dpPod: true, bad: s.bad[i], validates: s.validates}
+		if s.badValidation != nil {
+			n.badValidation = s.badValidation[i]
+		}
 		if s.unlabelled[i] {
 			n.label, n.state, n.loaded, n.dpPod = "", kmmv1beta1.StateAbsent, "", false
 		}
@@ -93,7 +128,10 @@ func newRolloutWorld(s rolloutSetup, f rolloutFaults) *rolloutWorld {
 		}
 	}
 	w.budget = expectedBudget(s.maxUnavailable, managed)
-	w.log("start: %s, maxUnavailable %s = %d of %d managed nodes", w.describe(), s.maxUnavailable.String(), w.budget, managed)
+	if s.maxFailed != nil {
+		w.maxFailed = expectedBudget(*s.maxFailed, managed)
+	}
+	w.log("start: %s, maxUnavailable %s = %d of %d managed nodes, maxFailed %d", w.describe(), s.maxUnavailable.String(), w.budget, managed, w.maxFailed)
 	return w
 }
 
@@ -136,6 +174,15 @@ func (w *rolloutWorld) describe() string {
 		if n.skip {
 			s += " skip"
 		}
+		if n.bad {
+			s += " bad"
+		}
+		if n.validation != ValidationNone || n.badValidation {
+			s += fmt.Sprintf(" validation=%s", n.validation)
+			if n.badValidation {
+				s += "(bad)"
+			}
+		}
 		parts = append(parts, s+"]")
 	}
 	return strings.Join(parts, " ")
@@ -149,11 +196,31 @@ func (w *rolloutWorld) input() RolloutInput {
 		all := intstr.FromString("100%")
 		m.Spec.UpgradePolicy.MaxUnavailable = &all
 	}
+	if w.faults.ignoresFailureBudget {
+		m = m.DeepCopy()
+		m.Spec.UpgradePolicy.MaxFailed = nil
+	}
+	m = m.DeepCopy()
+	m.Status.Rollout = w.status.DeepCopy()
+	if w.resumes > 0 {
+		m.Annotations = map[string]string{kmmv1beta1.RolloutResumeAnnotation: fmt.Sprint(w.resumes)}
+	}
 	in := RolloutInput{Module: m}
 	for _, n := range w.nodes {
 		rn := RolloutNode{Name: n.name, Labels: map[string]string{}, Ready: n.ready, Unschedulable: n.cordoned, LoadedVersion: n.loaded}
 		if n.state != kmmv1beta1.StateAbsent {
 			rn.State = n.state
+		}
+		rn.Validation = ValidationPod{Phase: n.validation}
+		rn.DevicePluginPending = n.state == kmmv1beta1.StateLoaded && !n.dpPod && !w.faults.ignoresDevicePlugin
+		if w.faults.skipsValidation {
+			rn.Validation.Phase = ValidationSucceeded
+		}
+		if n.state == kmmv1beta1.StateLoadBackOff {
+			rn.Reason = "ImagePull"
+			if w.faults.failedNotCounted {
+				rn.State, rn.LoadedVersion = kmmv1beta1.StateLoaded, n.label
+			}
 		}
 		if n.label != "" {
 			rn.Labels[tLabel] = n.label
@@ -179,16 +246,64 @@ func (w *rolloutWorld) node(name string) *rolloutSimNode {
 }
 
 func (n *rolloutSimNode) done() bool {
-	return n.label == simNew && n.state == kmmv1beta1.StateLoaded && n.loaded == simNew
+	return n.label == simNew && n.state == kmmv1beta1.StateLoaded && n.loaded == simNew && n.dpPod &&
+		(!n.validates || n.validation == ValidationSucceeded)
 }
 
 func (n *rolloutSimNode) inProgress() bool {
 	return n.label == simNew && !n.done()
 }
 
+// failed is the test's own UpgradeFailed: a managed node whose load of the new version backs off.
+func (n *rolloutSimNode) failed() bool {
+	return !n.skip && n.label == simNew && (n.state == kmmv1beta1.StateLoadBackOff ||
+		(n.state == kmmv1beta1.StateLoaded && n.loaded == simNew && n.validation == ValidationFailed))
+}
+
+// modelPause updates the test's model of the pause from what the planner is about to see.
+func (w *rolloutWorld) modelPause() {
+	failed := 0
+	for _, n := range w.nodes {
+		if n.failed() {
+			failed++
+		}
+	}
+	w.modelAtResume = min(w.modelAtResume, failed)
+	if w.resumePending {
+		w.modelPaused, w.modelAtResume, w.resumePending = false, failed, false
+	}
+	if w.maxFailed > 0 && failed-w.modelAtResume >= w.maxFailed {
+		if !w.modelPaused {
+			w.log("model: %d failed, %d of them at the last resume, maxFailed %d: paused", failed, w.modelAtResume, w.maxFailed)
+		}
+		w.modelPaused = true
+	}
+}
+
 // plan runs the planner and applies its intents (the rollout controller's patches).
 func (w *rolloutWorld) plan() {
-	intents := firstIntents(PlanRollout(w.input()))
+	w.modelPause()
+	d := DecideRollout(w.input())
+	w.status = d.Status
+	intents := d.Intents
+	if w.modelPaused {
+		pausedRuns++
+		if len(intents) > 0 {
+			w.violate("invariant budget: the rollout started %v while %d nodes beyond those failed at the last resume are UpgradeFailed, maxFailed %d: %s",
+				intents, w.countFailed()-w.modelAtResume, w.maxFailed, w.describe())
+		}
+	}
+	if paused := d.Status != nil && d.Status.Paused != nil; paused != w.modelPaused {
+		w.violate("invariant pause status: status.rollout.paused is %v, the model says %v: %s", paused, w.modelPaused, w.describe())
+	}
+	for _, name := range d.Validate {
+		n := w.node(name)
+		if n.state != kmmv1beta1.StateLoaded || n.loaded != simNew || n.validation != ValidationNone || !n.validates || !n.dpPod {
+			w.violate("invariant validation: a validation pod for %s, which is not Loaded %s without one: %s", name, simNew, w.describe())
+		}
+		n.validation = ValidationRunning
+		w.log("%s: validation pod created", name)
+	}
 	if len(intents) == 0 {
 		return
 	}
@@ -224,6 +339,36 @@ func (w *rolloutWorld) plan() {
 	}
 }
 
+func (w *rolloutWorld) countFailed() int {
+	failed := 0
+	for _, n := range w.nodes {
+		if n.failed() {
+			failed++
+		}
+	}
+	return failed
+}
+
+// resume is the user's kubectl kmm rollout resume.
+func (w *rolloutWorld) resume() {
+	w.resumes++
+	w.resumePending = true
+	w.log("user: resume %d", w.resumes)
+}
+
+// fix makes a bad node's load and validation succeed from now on; the user deletes its failed
+// validation pod, which the rollout creates again.
+func (w *rolloutWorld) fix(i int) {
+	n := w.nodes[i]
+	if n.bad || n.badValidation || n.validation == ValidationFailed {
+		n.bad, n.badValidation = false, false
+		if n.validation == ValidationFailed {
+			n.validation = ValidationNone
+		}
+		w.log("%s: fixed", n.name)
+	}
+}
+
 // advance moves a node one step along seed 002's path (the NMC controller, the version label
 // controller and the device plugin DaemonSet together). A NotReady or cordoned node makes no
 // progress: no worker pod is created there.
@@ -244,6 +389,10 @@ func (w *rolloutWorld) advance(i int) {
 			n.state = kmmv1beta1.StateDevicePluginDraining
 		case !n.dpPod:
 			n.dpPod = true
+		case n.validation == ValidationRunning && n.badValidation:
+			n.validation = ValidationFailed
+		case n.validation == ValidationRunning:
+			n.validation = ValidationSucceeded
 		}
 	case kmmv1beta1.StateDevicePluginDraining:
 		if n.dpPod && !w.faults.unloadsBeforeDPLeaves {
@@ -256,7 +405,13 @@ func (w *rolloutWorld) advance(i int) {
 	case kmmv1beta1.StateUpgrading:
 		n.state = kmmv1beta1.StateLoading
 	case kmmv1beta1.StateLoading:
-		n.state, n.loaded = kmmv1beta1.StateLoaded, n.label
+		if n.bad && n.label == simNew {
+			n.state = kmmv1beta1.StateLoadBackOff
+		} else {
+			n.state, n.loaded = kmmv1beta1.StateLoaded, n.label
+		}
+	case kmmv1beta1.StateLoadBackOff:
+		n.state = kmmv1beta1.StateLoading
 	}
 	if after := fmt.Sprintf("%s %q dp=%v", n.state, n.loaded, n.dpPod); after != before {
 		w.log("%s: %s → %s", n.name, before, after)
@@ -288,7 +443,8 @@ func (w *rolloutWorld) check() {
 		if n.label == simNew && n.state != kmmv1beta1.StateLoaded {
 			outOfLoaded++
 		}
-		unloading := n.state == kmmv1beta1.StateUnloading || n.state == kmmv1beta1.StateUpgrading || n.state == kmmv1beta1.StateLoading
+		unloading := n.state == kmmv1beta1.StateUnloading || n.state == kmmv1beta1.StateUpgrading || n.state == kmmv1beta1.StateLoading ||
+			n.state == kmmv1beta1.StateLoadBackOff
 		if unloading && n.dpPod {
 			w.violate("invariant device plugin: %s unloads (%s) while its device plugin pod runs", n.name, n.state)
 		}
@@ -302,6 +458,12 @@ func (w *rolloutWorld) check() {
 // settle stops the events (every node Ready and schedulable) and runs the controllers until
 // nothing moves, then checks that the rollout converged.
 func (w *rolloutWorld) settle() {
+	// First the controllers alone, bad nodes still bad: failures pile up to the budget.
+	w.rounds()
+	for i := range w.nodes {
+		w.fix(i)
+	}
+	w.resume()
 	for i, n := range w.nodes {
 		if !n.ready {
 			w.flipReady(i)
@@ -311,20 +473,25 @@ func (w *rolloutWorld) settle() {
 		}
 	}
 	w.check()
-	for range 8*len(w.nodes) + 4 {
-		w.plan()
-		w.check()
-		for i := range w.nodes {
-			w.advance(i)
-			w.check()
-		}
-	}
+	w.rounds()
 	for _, n := range w.nodes {
 		switch {
 		case n.skip && (n.label != n.initial.label || n.loaded != n.initial.loaded || n.state != n.initial.state):
 			w.violate("invariant skip: skipped node %s changed: %s", n.name, w.describe())
 		case !n.skip && (!n.done() || !n.dpPod):
 			w.violate("invariant convergence: %s did not end Loaded %s with its device plugin: %s", n.name, simNew, w.describe())
+		}
+	}
+}
+
+// rounds runs the planner and every node's step in rounds, long enough for every node to upgrade.
+func (w *rolloutWorld) rounds() {
+	for range 8*len(w.nodes) + 4 {
+		w.plan()
+		w.check()
+		for i := range w.nodes {
+			w.advance(i)
+			w.check()
 		}
 	}
 }
@@ -337,6 +504,14 @@ func rolloutSetupGen(t *rapid.T) rolloutSetup {
 		unlabelled: rapid.SliceOfN(rapid.Map(rapid.Float64Range(0, 1), func(f float64) bool { return f < 0.2 }), n, n).Draw(t, "unlabelled"),
 		skip:       rapid.SliceOfN(rapid.Map(rapid.Float64Range(0, 1), func(f float64) bool { return f < 0.15 }), n, n).Draw(t, "skip"),
 		notReady:   rapid.SliceOfN(rapid.Map(rapid.Float64Range(0, 1), func(f float64) bool { return f < 0.15 }), n, n).Draw(t, "notReady"),
+		bad:        rapid.SliceOfN(rapid.Map(rapid.Float64Range(0, 1), func(f float64) bool { return f < 0.35 }), n, n).Draw(t, "bad"),
+	}
+	s.validates = rapid.Bool().Draw(t, "validates")
+	s.badValidation = rapid.SliceOfN(rapid.Map(rapid.Float64Range(0, 1), func(f float64) bool { return f < 0.2 }), n, n).Draw(t, "badValidation")
+	if rapid.IntRange(0, 2).Draw(t, "budgeted") > 0 {
+		// Small budgets, so that the bad nodes reach them.
+		mf := intstr.FromInt32(int32(rapid.IntRange(1, min(n, 2)).Draw(t, "maxFailed")))
+		s.maxFailed = &mf
 	}
 	if rapid.Bool().Draw(t, "percent") {
 		s.maxUnavailable = intstr.FromString(fmt.Sprintf("%d%%", rapid.SampledFrom([]int{10, 25, 34, 50, 75, 100}).Draw(t, "pct")))
@@ -367,6 +542,17 @@ func (m *rolloutMachine) FlipCordon(t *rapid.T) {
 	m.w.flipCordon(rapid.IntRange(0, len(m.w.nodes)-1).Draw(t, "node"))
 }
 
+// User is the user, now and then: fixing a bad node's load (1 in 10) or resuming the rollout (1
+// in 10); rarer than the controllers' steps, so that failures pile up to the budget.
+func (m *rolloutMachine) User(t *rapid.T) {
+	switch rapid.IntRange(0, 9).Draw(t, "user") {
+	case 0:
+		m.w.fix(rapid.IntRange(0, len(m.w.nodes)-1).Draw(t, "node"))
+	case 1:
+		m.w.resume()
+	}
+}
+
 // Check runs after every action.
 func (m *rolloutMachine) Check(t *rapid.T) {
 	m.w.check()
@@ -390,11 +576,15 @@ func runRollout(f rolloutFaults) func(*rapid.T) {
 // planner runs, pair steps, readiness flips and cordons; invariants after every step,
 // convergence at the end.
 func TestRolloutProperties(t *testing.T) {
-	startedBesideUnavailable = 0
+	startedBesideUnavailable, pausedRuns = 0, 0
 	rapid.Check(t, runRollout(rolloutFaults{}))
 	if startedBesideUnavailable == 0 {
 		t.Fatal("no interleaving started a node while another was NotReady or cordoned: the test does not exercise the budget")
 	}
+	if pausedRuns == 0 {
+		t.Fatal("no interleaving paused at the failure budget: the test does not exercise it")
+	}
+	t.Logf("planner runs on a rollout paused at its failure budget: %d", pausedRuns)
 	t.Logf("planner runs that started nodes beside a NotReady or cordoned one: %d", startedBesideUnavailable)
 }
 
@@ -402,9 +592,17 @@ func TestRolloutProperties(t *testing.T) {
 func runSeeded(seed uint64, steps int, f rolloutFaults) *rolloutWorld {
 	r := rand.New(rand.NewPCG(seed, 0x6b6d6d))
 	n := 2 + r.IntN(7)
-	s := rolloutSetup{n: n, unlabelled: make([]bool, n), skip: make([]bool, n), notReady: make([]bool, n)}
+	s := rolloutSetup{n: n, unlabelled: make([]bool, n), skip: make([]bool, n), notReady: make([]bool, n), bad: make([]bool, n)}
 	for i := range n {
-		s.unlabelled[i], s.skip[i], s.notReady[i] = r.Float64() < 0.2, r.Float64() < 0.15, r.Float64() < 0.15
+		s.unlabelled[i], s.skip[i], s.notReady[i], s.bad[i] = r.Float64() < 0.2, r.Float64() < 0.15, r.Float64() < 0.15, r.Float64() < 0.25
+	}
+	if r.IntN(3) > 0 {
+		mf := intstr.FromInt32(int32(1 + r.IntN(n)))
+		s.maxFailed = &mf
+	}
+	s.validates, s.badValidation = r.IntN(2) == 0, make([]bool, n)
+	for i := range n {
+		s.badValidation[i] = r.Float64() < 0.2
 	}
 	if r.IntN(2) == 0 {
 		s.maxUnavailable = intstr.FromString(fmt.Sprintf("%d%%", []int{10, 25, 34, 50, 75, 100}[r.IntN(6)]))
@@ -413,15 +611,19 @@ func runSeeded(seed uint64, steps int, f rolloutFaults) *rolloutWorld {
 	}
 	w := newRolloutWorld(s, f)
 	for range steps {
-		switch x := r.IntN(10); {
-		case x < 3:
+		switch x := r.IntN(22); {
+		case x < 6:
 			w.plan()
-		case x < 8:
+		case x < 16:
 			w.advance(r.IntN(n))
-		case x < 9:
+		case x < 18:
 			w.flipReady(r.IntN(n))
-		default:
+		case x < 20:
 			w.flipCordon(r.IntN(n))
+		case x < 21:
+			w.fix(r.IntN(n))
+		default:
+			w.resume()
 		}
 		w.check()
 	}
@@ -441,7 +643,7 @@ func TestRolloutSeededSimulation(t *testing.T) {
 // TestRolloutGoesNodeByNode pins one trace: four Ready nodes, maxUnavailable 1, the controllers
 // run in rounds; the nodes upgrade one at a time in name order.
 func TestRolloutGoesNodeByNode(t *testing.T) {
-	s := rolloutSetup{n: 4, unlabelled: make([]bool, 4), skip: make([]bool, 4), notReady: make([]bool, 4), maxUnavailable: intstr.FromInt32(1)}
+	s := rolloutSetup{n: 4, unlabelled: make([]bool, 4), skip: make([]bool, 4), notReady: make([]bool, 4), bad: make([]bool, 4), maxUnavailable: intstr.FromInt32(1)}
 	w := newRolloutWorld(s, rolloutFaults{})
 	var order []string
 	for range 40 {
@@ -474,6 +676,10 @@ var rolloutFaultCases = []struct {
 	// Ignoring the skip label also resolves a percentage against the skipped nodes too.
 	{"the planner ignores the skip label", rolloutFaults{ignoresSkip: true}, []string{"invariant skip", "invariant maxUnavailable"}},
 	{"a node unloads before its device plugin pod leaves", rolloutFaults{unloadsBeforeDPLeaves: true}, []string{"invariant device plugin"}},
+	{"the planner does not pause at the failure budget", rolloutFaults{ignoresFailureBudget: true}, []string{"invariant budget", "invariant pause status"}},
+	{"the planner does not count a failed node", rolloutFaults{failedNotCounted: true}, []string{"invariant maxUnavailable", "invariant budget", "invariant pause status", "invariant validation"}},
+	{"the planner counts a node upgraded before its validation succeeded", rolloutFaults{skipsValidation: true}, []string{"invariant maxUnavailable", "invariant convergence"}},
+	{"the planner counts a node upgraded before its device plugin is back", rolloutFaults{ignoresDevicePlugin: true}, []string{"invariant maxUnavailable", "invariant validation"}},
 }
 
 // namesOneOf says whether a failure message names one of the invariants.
@@ -491,6 +697,7 @@ func namesOneOf(msg string, invariants []string) bool {
 func TestRolloutSeededFaultsAreCaught(t *testing.T) {
 	rapidtb.SetFlag(t, "rapid.nofailfile", "true")
 	rapidtb.SetFlag(t, "rapid.shrinktime", "3s")
+	rapidtb.SetFlag(t, "rapid.checks", "1000") // it stops at the first counterexample; the budget's need a bad node
 	for _, tc := range rolloutFaultCases {
 		t.Run(tc.name, func(t *testing.T) {
 			rec := rapidtb.New(t)

@@ -172,7 +172,7 @@ func TestRolloutProgress(t *testing.T) {
 		onV2("a"), upgrading("b", kmmv1beta1.StateUnloading, "v1"), notReady(onV1("c")), onV1("d"), skipped(onV1("e")),
 	}}
 	got := progressOf(in)
-	want := Progress{Total: 4, Done: 1, InProgress: 1, Pending: 2, Unavailable: 2, Budget: 2}
+	want := Progress{Total: 4, Done: 1, InProgress: 1, Pending: 2, Unavailable: 2, Budget: 2, Skipped: 1}
 	if got != want {
 		t.Fatalf("progress = %+v, want %+v", got, want)
 	}

@@ -99,3 +99,11 @@ const NamespaceLabel = "kmm.node.k8s.io/contains-modules"
 func UpgradeSkipLabel(namespace, name string) string {
 	return "kmm.node.kubernetes.io/upgrade-skip." + namespace + "." + name
 }
+
+// RolloutResumeAnnotation is the Module annotation that resumes a rollout its failure budget
+// paused: a value other than status.rollout.observedResume (kubectl kmm rollout resume writes the
+// time) resumes it once. The controller reads at most MaxRolloutResumeLength characters of it.
+const RolloutResumeAnnotation = "kmm.sigs.x-k8s.io/rollout-resume"
+
+// MaxRolloutResumeLength bounds the part of the rollout-resume annotation the controller reads.
+const MaxRolloutResumeLength = 64

@@ -376,6 +376,196 @@ type UpgradePolicy struct {
 	// Drain drains the workloads that use the module before each unload.
 	// +optional
 	Drain *DrainSpec `json:"drain,omitempty"`
+
+	// Paused (kubectl kmm rollout pause) starts no more nodes; nodes already upgrading finish.
+	// +optional
+	Paused bool `json:"paused,omitempty"`
+
+	// MaxFailed is the failure budget: once this many managed nodes (a number, or a percentage of
+	// them, rounded down but at least 1) are UpgradeFailed, the rollout pauses itself until the user
+	// resumes it (the rollout-resume annotation, kubectl kmm rollout resume). Absent: it never
+	// pauses itself.
+	// +kubebuilder:validation:XIntOrString
+	// +optional
+	MaxFailed *intstr.IntOrString `json:"maxFailed,omitempty"`
+
+	// Validation is a pod kmm runs on each node once the new version is loaded there (and its
+	// device plugin or DRA driver pod is Ready): the node counts as Upgraded, and stops counting
+	// against maxUnavailable, only once it succeeded. Absent: no validation pod.
+	// +optional
+	Validation *ValidationSpec `json:"validation,omitempty"`
+
+	// NodeTimeoutSeconds: a node whose pair stays this long in one state of its upgrade (any state
+	// but Loaded with another version than the node's label) is UpgradeFailed. 0 or absent: no
+	// timeout. At most 7 days.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=604800
+	// +optional
+	NodeTimeoutSeconds int32 `json:"nodeTimeoutSeconds,omitempty"`
+}
+
+// ValidationSpec is the validation pod of an automatic rollout: one container, run once per node
+// and version, in the Module's namespace on that node (restartPolicy Never).
+type ValidationSpec struct {
+	// Container is the validation container; it succeeds by exiting 0. On failure, its termination
+	// message (or the tail of its log) is the reason's message.
+	Container ValidationContainerSpec `json:"container"`
+
+	// ServiceAccountName of the validation pod (default: the namespace's default account).
+	// +optional
+	ServiceAccountName string `json:"serviceAccountName,omitempty"`
+
+	// TimeoutSeconds bounds the pod's run (its activeDeadlineSeconds): past it the pod fails and
+	// the node is UpgradeFailed (ValidationFailed).
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=3600
+	// +kubebuilder:default=600
+	// +optional
+	TimeoutSeconds int32 `json:"timeoutSeconds,omitempty"`
+}
+
+// ValidationContainerSpec is the container of a validation pod.
+type ValidationContainerSpec struct {
+	// Image of the container.
+	// +kubebuilder:validation:MinLength=1
+	Image string `json:"image"`
+
+	// Command overrides the image's entrypoint.
+	// +optional
+	// +kubebuilder:validation:MaxItems=64
+	Command []string `json:"command,omitempty"`
+
+	// Args overrides the image's command.
+	// +optional
+	// +kubebuilder:validation:MaxItems=64
+	Args []string `json:"args,omitempty"`
+
+	// Env are environment variables of the container (the operator adds KMM_NODE_NAME,
+	// KMM_MODULE_VERSION).
+	// +optional
+	// +kubebuilder:validation:MaxItems=64
+	Env []corev1.EnvVar `json:"env,omitempty"`
+
+	// ImagePullPolicy of the image.
+	// +kubebuilder:validation:XValidation:rule="self in ['Always', 'IfNotPresent', 'Never']",message="imagePullPolicy must be Always, IfNotPresent or Never"
+	// +optional
+	ImagePullPolicy corev1.PullPolicy `json:"imagePullPolicy,omitempty"`
+
+	// Resources of the container.
+	// +optional
+	Resources corev1.ResourceRequirements `json:"resources,omitempty"`
+}
+
+// UpgradeState is where one selected node is in the automatic rollout of its Module.
+type UpgradeState string
+
+// The upgrade states of a node (RolloutStatus.NodesByUpgradeState, RolloutNodeStatus.State).
+const (
+	// UpgradePending: the node has not started towards the Module's version.
+	UpgradePending UpgradeState = "UpgradePending"
+	// Upgrading: the node's version-module label names the Module's version and its pair is on
+	// its way there.
+	Upgrading UpgradeState = "Upgrading"
+	// Upgraded: the node runs the Module's version (its pair is Loaded with it).
+	Upgraded UpgradeState = "Upgraded"
+	// UpgradeFailed: the node's load or unload failed (its pair backs off), its drain ran every
+	// strategy and pods remain, or its pair stayed in one state longer than nodeTimeoutSeconds.
+	UpgradeFailed UpgradeState = "UpgradeFailed"
+	// UpgradeSkipped: the node carries the upgrade-skip label.
+	UpgradeSkipped UpgradeState = "UpgradeSkipped"
+)
+
+// Reasons of a paused rollout (RolloutPause.Reason) and of an UpgradeFailed node.
+const (
+	// ReasonFailureBudgetExceeded: maxFailed nodes failed; the rollout waits for the user.
+	ReasonFailureBudgetExceeded = "FailureBudgetExceeded"
+	// ReasonPausedByUser: spec.upgradePolicy.paused is true.
+	ReasonPausedByUser = "PausedByUser"
+	// ReasonUpgradeTimedOut: the node's pair stayed in one state longer than nodeTimeoutSeconds.
+	ReasonUpgradeTimedOut = "UpgradeTimedOut"
+	// ReasonDrainTimedOut: every drain strategy ran and workload pods remain on the node.
+	ReasonDrainTimedOut = "DrainTimedOut"
+	// ReasonValidationFailed: the node's validation pod failed (or ran past its timeout).
+	ReasonValidationFailed = "ValidationFailed"
+	// ReasonDevicePluginNotReady: the new version is loaded, its device plugin (or DRA driver)
+	// pod is not Ready on the node yet (an Upgrading node's reason).
+	ReasonDevicePluginNotReady = "DevicePluginNotReady"
+	// ReasonValidating: the new version is loaded and the node's validation pod has not
+	// succeeded yet (an Upgrading node's reason).
+	ReasonValidating = "Validating"
+)
+
+// MaxRolloutNodesListed bounds RolloutStatus.Nodes: failed nodes first, then upgrading ones, by
+// name.
+const MaxRolloutNodesListed = 32
+
+// RolloutStatus (a kmm extension) is the automatic rollout of spec.upgradePolicy as its controller
+// last saw it; absent for a Module without upgradePolicy.automatic.
+type RolloutStatus struct {
+	// Version is the version being rolled out.
+	Version string `json:"version"`
+
+	// NodesByUpgradeState counts the selected nodes per upgrade state.
+	// +optional
+	NodesByUpgradeState map[UpgradeState]int32 `json:"nodesByUpgradeState,omitempty"`
+
+	// MaxUnavailable is upgradePolicy.maxUnavailable resolved against the managed nodes.
+	MaxUnavailable int32 `json:"maxUnavailable"`
+
+	// MaxFailed is upgradePolicy.maxFailed resolved against the managed nodes (0: no budget).
+	// +optional
+	MaxFailed int32 `json:"maxFailed,omitempty"`
+
+	// FailedAtResume is how many nodes were UpgradeFailed when the user last resumed the rollout
+	// of this version: the budget counts the failed nodes beyond them.
+	// +optional
+	FailedAtResume int32 `json:"failedAtResume,omitempty"`
+
+	// ObservedResume is the value of the rollout-resume annotation the controller last acted on.
+	// +optional
+	ObservedResume string `json:"observedResume,omitempty"`
+
+	// Paused is set while the rollout starts no node: by the user, or by itself at the budget.
+	// +optional
+	Paused *RolloutPause `json:"paused,omitempty"`
+
+	// Nodes lists the UpgradeFailed nodes, then the Upgrading ones, each by name, at most
+	// MaxRolloutNodesListed (32).
+	// +optional
+	// +kubebuilder:validation:MaxItems=32
+	Nodes []RolloutNodeStatus `json:"nodes,omitempty"`
+}
+
+// RolloutPause says why and since when a rollout starts no node.
+type RolloutPause struct {
+	// Reason is FailureBudgetExceeded or PausedByUser.
+	Reason string `json:"reason"`
+	// Message explains it (the failed nodes, and what to do).
+	// +optional
+	Message string `json:"message,omitempty"`
+	// Since is when the rollout paused.
+	Since metav1.Time `json:"since"`
+}
+
+// RolloutNodeStatus is one node of a rollout that is not pending, upgraded or skipped.
+type RolloutNodeStatus struct {
+	// Name of the node.
+	Name string `json:"name"`
+	// State is Upgrading or UpgradeFailed.
+	State UpgradeState `json:"state"`
+	// PairState is the state of the node's (node, Module) pair.
+	// +optional
+	PairState ModuleState `json:"pairState,omitempty"`
+	// Reason is the failure's reason (the pair's, UpgradeTimedOut or DrainTimedOut), or the pair's
+	// last reason while upgrading.
+	// +optional
+	Reason string `json:"reason,omitempty"`
+	// Message explains the reason.
+	// +optional
+	Message string `json:"message,omitempty"`
+	// Since is when the pair entered its state.
+	// +optional
+	Since *metav1.Time `json:"since,omitempty"`
 }
 
 // ModuleSpec says which kmod to load on which nodes.
@@ -451,6 +641,11 @@ type ModuleStatus struct {
 	// ObservedGeneration is the generation the status was computed from.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// Rollout (a kmm extension) is the automatic rollout's progress, budget and pause, written by
+	// the rollout controller only.
+	// +optional
+	Rollout *RolloutStatus `json:"rollout,omitempty"`
 
 	// Conditions are Ready, Progressing and Degraded (see docs/api.md for their reasons).
 	// +optional

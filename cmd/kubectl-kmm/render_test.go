@@ -351,3 +351,36 @@ func TestHistoryJSONShape(t *testing.T) {
 		t.Errorf("JSON\n got %s\nwant %s", data, want)
 	}
 }
+
+func TestRenderRollout(t *testing.T) {
+	m := &kmmv1beta1.Module{ObjectMeta: metav1.ObjectMeta{Namespace: "drivers", Name: "nic"}}
+	m.Spec.ModuleLoader = &kmmv1beta1.ModuleLoaderSpec{}
+	m.Spec.ModuleLoader.Container.Version = "v2"
+	if got := renderRollout(m, t0, 100); !strings.Contains(got, "no rollout status yet") {
+		t.Fatalf("without status.rollout: %q", got)
+	}
+	since := at(-3 * time.Minute)
+	m.Status.Rollout = &kmmv1beta1.RolloutStatus{Version: "v2", MaxUnavailable: 2, MaxFailed: 1,
+		NodesByUpgradeState: map[kmmv1beta1.UpgradeState]int32{kmmv1beta1.Upgraded: 3, kmmv1beta1.UpgradeFailed: 1, kmmv1beta1.Upgrading: 1, kmmv1beta1.UpgradePending: 5},
+		Paused:              &kmmv1beta1.RolloutPause{Reason: kmmv1beta1.ReasonFailureBudgetExceeded, Message: "1 of 10 nodes UpgradeFailed", Since: since},
+		Nodes: []kmmv1beta1.RolloutNodeStatus{
+			{Name: "node-4", State: kmmv1beta1.UpgradeFailed, PairState: kmmv1beta1.StateLoadBackOff, Reason: "ImagePull", Message: "manifest unknown", Since: &since},
+			{Name: "node-5", State: kmmv1beta1.Upgrading, PairState: kmmv1beta1.StateUnloading, Since: &since},
+		}}
+	got := renderRollout(m, t0, 100)
+	want := "drivers/nic: rolling out v2\n" +
+		"PAUSED (FailureBudgetExceeded, 3m): 1 of 10 nodes UpgradeFailed\n" +
+		"maxUnavailable 2, maxFailed 1 (1 failed)\n" +
+		"Upgraded 3, Upgrading 1, UpgradeFailed 1, UpgradePending 5, UpgradeSkipped 0\n\n" +
+		"NODE    UPGRADE STATE  PAIR STATE   AGE  REASON\n" +
+		"node-4  UpgradeFailed  LoadBackOff  3m   ImagePull: manifest unknown\n" +
+		"node-5  Upgrading      Unloading    3m   \n"
+	if got != want {
+		t.Fatalf("renderRollout:\n%s\nwant:\n%s", got, want)
+	}
+	m.Status.Rollout = &kmmv1beta1.RolloutStatus{Version: "v2", MaxUnavailable: 1,
+		NodesByUpgradeState: map[kmmv1beta1.UpgradeState]int32{kmmv1beta1.Upgraded: 2, kmmv1beta1.UpgradeSkipped: 1}}
+	if got := renderRollout(m, t0, 100); !strings.HasPrefix(got, "drivers/nic: complete v2\n") || !strings.Contains(got, "maxFailed none (0 failed)") {
+		t.Fatalf("a complete rollout:\n%s", got)
+	}
+}

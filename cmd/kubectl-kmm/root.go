@@ -50,15 +50,15 @@ func (o *rootOptions) command() *cobra.Command {
 		Short: "Show what the kmm operator is doing with each (node, module) pair",
 		Long: "kubectl kmm shows what the kmm operator is doing with each (node, module) pair: its state,\n" +
 			"since when and why (status, status -w to follow changes), its transition log (history),\n" +
-			"the state machine the operator runs (diagram), and whether every Module is served on a kernel\n" +
-			"before an upgrade (preflight).",
+			"the state machine the operator runs (diagram), whether every Module is served on a kernel\n" +
+			"before an upgrade (preflight), and the automatic rollout of a Module's version (rollout).",
 		Annotations:   map[string]string{cobra.CommandDisplayNameAnnotation: "kubectl kmm"},
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cmd.SetOut(o.streams.ErrOut)
 			_ = cmd.Usage()
-			return errors.New("missing command: status, history, diagram or preflight")
+			return errors.New("missing command: status, history, diagram, preflight or rollout")
 		},
 	}
 	cmd.SetIn(o.streams.In)
@@ -72,6 +72,7 @@ func (o *rootOptions) command() *cobra.Command {
 		newHistoryCommand(o),
 		newDiagramCommand(o),
 		newPreflightCommand(o),
+		newRolloutCommand(o),
 	)
 	return cmd
 }

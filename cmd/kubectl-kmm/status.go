@@ -182,6 +182,9 @@ type ModuleSummary struct {
 	Degraded        bool
 	DegradedReason  string
 	DegradedMessage string
+	// RolloutPaused is the reason its automatic rollout is paused ("" when it is not), of version
+	// RolloutVersion.
+	RolloutPaused, RolloutVersion string
 }
 
 // summarize reads a Module's status.
@@ -197,6 +200,9 @@ func summarize(m *kmmv1beta1.Module) ModuleSummary {
 	}
 	if c := meta.FindStatusCondition(m.Status.Conditions, kmmv1beta1.ConditionDegraded); c != nil && c.Status == metav1.ConditionTrue {
 		s.Degraded, s.DegradedReason, s.DegradedMessage = true, c.Reason, c.Message
+	}
+	if r := m.Status.Rollout; r != nil && r.Paused != nil {
+		s.RolloutPaused, s.RolloutVersion = r.Paused.Reason, r.Version
 	}
 	return s
 }
@@ -217,6 +223,9 @@ func (s ModuleSummary) String() string {
 	}
 	if s.Deleting {
 		b.WriteString("; being deleted (unloading)")
+	}
+	if s.RolloutPaused != "" {
+		fmt.Fprintf(&b, "; rollout of %s paused (%s)", s.RolloutVersion, s.RolloutPaused)
 	}
 	if s.Degraded {
 		fmt.Fprintf(&b, "; Degraded %s: %s", s.DegradedReason, s.DegradedMessage)

@@ -34,6 +34,7 @@ func (r *Reconciler) writeStatus(ctx context.Context, s *moduleScope) (time.Dura
 		return 0, err
 	}
 	next := computeModuleStatus(s, dsList.Items, metav1.NewTime(r.clock().Now()))
+	next.Rollout = m.Status.Rollout // the rollout controller's: kept as read (the update is resourceVersion-guarded)
 	for state, n := range next.NodesByState {
 		pairsByState.WithLabelValues(m.Namespace, m.Name, string(state)).Set(float64(n))
 	}

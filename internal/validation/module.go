@@ -298,8 +298,13 @@ func validateUpgradePolicy(p *field.Path, up *kmmv1beta1.UpgradePolicy) field.Er
 	}
 	var errs field.ErrorList
 	if mu := up.MaxUnavailable; mu != nil {
-		if err := validateIntOrPercent(mu.String()); err != nil {
+		if err := validateIntOrPercent(mu.String(), "0 would never upgrade a node"); err != nil {
 			errs = append(errs, field.Invalid(p.Child("maxUnavailable"), mu.String(), err.Error()))
+		}
+	}
+	if mf := up.MaxFailed; mf != nil {
+		if err := validateIntOrPercent(mf.String(), "0 would pause before any node failed; leave it out for no budget"); err != nil {
+			errs = append(errs, field.Invalid(p.Child("maxFailed"), mf.String(), err.Error()))
 		}
 	}
 	if up.Drain != nil {
@@ -312,18 +317,18 @@ func validateUpgradePolicy(p *field.Path, up *kmmv1beta1.UpgradePolicy) field.Er
 	return errs
 }
 
-// validateIntOrPercent accepts a positive integer or a percentage from 1% to 100%: 0 would let no
-// node upgrade at all.
-func validateIntOrPercent(s string) error {
+// validateIntOrPercent accepts a positive integer or a percentage from 1% to 100%; whyNotZero says
+// what 0 would mean.
+func validateIntOrPercent(s, whyNotZero string) error {
 	if pct, ok := strings.CutSuffix(s, "%"); ok {
 		n, err := strconv.Atoi(pct)
 		if err != nil || n < 1 || n > 100 {
-			return fmt.Errorf("must be a whole percentage from 1%% to 100%% (0 would never upgrade a node)")
+			return fmt.Errorf("must be a whole percentage from 1%% to 100%% (%s)", whyNotZero)
 		}
 		return nil
 	}
 	if n, err := strconv.Atoi(s); err != nil || n < 1 {
-		return fmt.Errorf("must be a positive integer or a percentage such as 25%% (0 would never upgrade a node)")
+		return fmt.Errorf("must be a positive integer or a percentage such as 25%% (%s)", whyNotZero)
 	}
 	return nil
 }

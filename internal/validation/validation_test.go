@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/utils/ptr"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	kmmv1beta2 "github.com/kmm-project/kmm/api/v1beta2"
@@ -274,6 +275,15 @@ func TestModule(t *testing.T) {
 			"spec.upgradePolicy.maxUnavailable", "must be a positive integer or a percentage"},
 		{"upgradePolicy: maxUnavailable 101%", func(m *kmmv1beta1.Module) { m.Spec.UpgradePolicy = maxUnavailable(intstr.FromString("101%")) },
 			"spec.upgradePolicy.maxUnavailable", "from 1% to 100%"},
+		{"upgradePolicy: maxFailed 2", func(m *kmmv1beta1.Module) {
+			m.Spec.UpgradePolicy = &kmmv1beta1.UpgradePolicy{MaxFailed: ptr.To(intstr.FromInt32(2))}
+		}, "", ""},
+		{"upgradePolicy: maxFailed 0", func(m *kmmv1beta1.Module) {
+			m.Spec.UpgradePolicy = &kmmv1beta1.UpgradePolicy{MaxFailed: ptr.To(intstr.FromInt32(0))}
+		}, "spec.upgradePolicy.maxFailed", "leave it out for no budget"},
+		{"upgradePolicy: maxFailed 0%", func(m *kmmv1beta1.Module) {
+			m.Spec.UpgradePolicy = &kmmv1beta1.UpgradePolicy{MaxFailed: ptr.To(intstr.FromString("0%"))}
+		}, "spec.upgradePolicy.maxFailed", "from 1% to 100%"},
 		{"upgradePolicy: ignoredNamespacePatterns", func(m *kmmv1beta1.Module) {
 			m.Spec.UpgradePolicy = &kmmv1beta1.UpgradePolicy{Drain: &kmmv1beta1.DrainSpec{IgnoredNamespacePatterns: []string{"^kube-"}}}
 		}, "", ""},

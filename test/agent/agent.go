@@ -94,16 +94,18 @@ type Agent struct {
 	waiting  podSet    // pods to look at again on the next tick
 	lastFull time.Time // when the loop last looked at everything
 
-	mu       sync.Mutex
-	outcome  OutcomeFunc
-	hold     func(*corev1.Pod) bool
-	nodes    map[string]*nodeState
-	seen     map[types.UID]time.Time // when a pod was first seen runnable
-	finished map[types.UID]bool      // pods the agent ended
-	deleted  map[types.UID]bool      // pods whose deletion the agent confirmed
-	stopping map[types.UID]time.Time // when the deletion of a pod other than a worker pod was seen (StopDelay)
-	runs     []Run
-	started  bool
+	mu      sync.Mutex
+	outcome OutcomeFunc
+	hold    func(*corev1.Pod) bool
+	// validation decides how a validation pod ends (nil: it succeeds).
+	validation func(*corev1.Pod) (ok bool, message string)
+	nodes      map[string]*nodeState
+	seen       map[types.UID]time.Time // when a pod was first seen runnable
+	finished   map[types.UID]bool      // pods the agent ended
+	deleted    map[types.UID]bool      // pods whose deletion the agent confirmed
+	stopping   map[types.UID]time.Time // when the deletion of a pod other than a worker pod was seen (StopDelay)
+	runs       []Run
+	started    bool
 }
 
 // New returns an Agent that reaches the API server with cfg. It manages no node until AddNode.
@@ -144,6 +146,17 @@ func (a *Agent) SetOutcome(f OutcomeFunc) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.outcome = f
+	a.changes.requestFull()
+	a.poke()
+}
+
+// SetValidationOutcome decides how the rollout's validation pods (label contract.LabelValidation)
+// that end from now on end: succeeded, or failed with message as the container's termination
+// message. nil: every one succeeds.
+func (a *Agent) SetValidationOutcome(f func(pod *corev1.Pod) (ok bool, message string)) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.validation = f
 	a.changes.requestFull()
 	a.poke()
 }

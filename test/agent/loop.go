@@ -127,6 +127,10 @@ func (a *Agent) syncPods(ctx context.Context, pods []*corev1.Pod) podSet {
 	var parallel []*corev1.Pod
 	for _, pod := range pods {
 		switch {
+		case isValidationPod(pod):
+			if a.syncOne(ctx, pod, a.syncValidationPod) {
+				again.add(pod)
+			}
 		case !isWorkerPod(pod):
 			if a.syncOne(ctx, pod, a.syncOtherPod) {
 				again.add(pod)

@@ -440,6 +440,50 @@ func (a *Agent) stillStopping(pod *corev1.Pod) bool {
 	return now.Sub(first) < a.opts.StopDelay
 }
 
+// isValidationPod says whether pod is a rollout's validation pod (label contract.LabelValidation).
+func isValidationPod(pod *corev1.Pod) bool { return pod.Labels[contract.LabelValidation] == "true" }
+
+// syncValidationPod runs a validation pod to its end, as SetValidationOutcome says (a kubelet runs
+// the user's container; restartPolicy Never): Succeeded with exit code 0, or Failed with exit code
+// 1 and the message as the container's termination message.
+func (a *Agent) syncValidationPod(ctx context.Context, pod *corev1.Pod) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	st := a.nodes[pod.Spec.NodeName]
+	if st == nil || !st.ready {
+		return nil
+	}
+	if pod.DeletionTimestamp != nil {
+		return a.deleteNow(ctx, pod)
+	}
+	if isTerminal(pod) {
+		return nil
+	}
+	ok, msg := true, ""
+	if a.validation != nil {
+		ok, msg = a.validation(pod)
+	}
+	now := a.now()
+	_, err := a.updatePodStatus(ctx, pod, func(p *corev1.Pod) bool {
+		if isTerminal(p) {
+			return false
+		}
+		phase, code, reason := corev1.PodSucceeded, int32(exitSucceeded), reasonCompleted
+		if !ok {
+			phase, code, reason = corev1.PodFailed, exitFailed, reasonError
+		}
+		p.Status.Phase, p.Status.StartTime = phase, &now
+		p.Status.ContainerStatuses = nil
+		for _, c := range p.Spec.Containers {
+			p.Status.ContainerStatuses = append(p.Status.ContainerStatuses, corev1.ContainerStatus{Name: c.Name, Image: c.Image,
+				State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: code, Reason: reason, Message: msg,
+					StartedAt: now, FinishedAt: now}}})
+		}
+		return true
+	})
+	return err
+}
+
 // deleteNow confirms a pod's deletion with grace period 0, as a kubelet does once its containers
 // stopped; finalizers still hold it until someone removes them.
 func (a *Agent) deleteNow(ctx context.Context, pod *corev1.Pod) error {

@@ -681,7 +681,7 @@ func setupControllers(mgr ctrl.Manager, o Options) error {
 	if err := labels.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the version label controller: %w", err)
 	}
-	if err := (&upgrade.RolloutReconciler{Client: mgr.GetClient()}).SetupWithManager(mgr); err != nil {
+	if err := (&upgrade.RolloutReconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("kmm-rollout")}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the automatic rollout controller: %w", err)
 	}
 	pfv := &preflightcontroller.Reconciler{
