@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/kmm-project/kmm/build"
 	"github.com/kmm-project/kmm/contract"
 	imagecontroller "github.com/kmm-project/kmm/controllers/image"
 	"github.com/kmm-project/kmm/sign"
@@ -32,8 +33,8 @@ import (
 )
 
 // imageKubelet plays the kubelet of the build and sign pods of one namespace (the agent plays the
-// worker pods'): a build pod pushes a random image under its --output and succeeds, or fails with
-// buildFail as its log tail; a sign pod reads its key and certificate Secrets with the sign
+// worker pods'): a build pod (build.Pod's) pushes a random image under its --image and succeeds,
+// or fails with buildFail as its log tail, writing a build.Result as kmm's builder does; a sign pod reads its key and certificate Secrets with the sign
 // package, as `worker sign` does, fails with the worker's SignKey result when they do not make a
 // signer (a key that is not the certificate's included), fails with ImagePull when its unsigned
 // image is not in the registry, and otherwise pushes the signed image and succeeds. It records
@@ -126,11 +127,21 @@ func (k *imageKubelet) runPods(ctx context.Context) {
 func (k *imageKubelet) run(ctx context.Context, p *corev1.Pod, buildFail string) (bool, string) {
 	c := p.Spec.Containers[0]
 	if p.Labels[imagecontroller.LabelImageJob] == "build" {
-		if buildFail != "" {
-			return false, buildFail
+		i := slices.Index(c.Args, build.FlagImage)
+		if i < 0 || i+1 >= len(c.Args) {
+			return false, fmt.Sprintf("the build pod has no %s argument: %q", build.FlagImage, c.Args)
 		}
-		i := slices.Index(c.Args, "--output")
-		return k.push(c.Args[i+1]), ""
+		res := build.Result{Image: c.Args[i+1]}
+		switch {
+		case buildFail != "":
+			res.Message, res.Log = "the build failed: exit code 1", buildFail
+		case k.push(res.Image):
+			res.Digest = "sha256:" + strings.Repeat("0", 64)
+		default:
+			res.Message = "the push failed"
+		}
+		data, _ := json.Marshal(res)
+		return res.Digest != "", string(data)
 	}
 	var cfg contract.SignConfig
 	if err := json.Unmarshal([]byte(p.Annotations[contract.AnnotationConfig]), &cfg); err != nil {
