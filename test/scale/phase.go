@@ -105,8 +105,12 @@ func (h *harness) measure(ctx context.Context, name string, op **operator, actio
 	if total > 0 {
 		p.CPUPerReconcileMicros = p.CPUSeconds / float64(total) * 1e6
 	}
-	if p.PeakRSSMiB, _, err = (*op).stats(); err != nil {
-		return p, err
+	p.APIServerCPUMillisPerPair = p.OtherCPUSeconds["kube-apiserver"] / pairs * 1000
+	p.NMCStatusWriteBytes = p.BodyBytesPerWrite["update nodemodulesconfigs"]
+	if *op != nil {
+		if p.PeakRSSMiB, _, err = (*op).stats(); err != nil {
+			return p, err
+		}
 	}
 	h.sayf("phase %s: %.1f s, settled %.1f s, %d operator writes (%.2f per pair, %.2f without Events), %.1f CPU s, peak RSS %.0f MiB",
 		name, p.Seconds, p.SettledSeconds, p.OperatorWrites, p.WritesPerPair, p.WritesPerPairNoEvents, p.CPUSeconds, p.PeakRSSMiB)

@@ -63,8 +63,8 @@ type Options struct {
 	// the first ProfileSeconds of the load phase to OutDir/cpu-<N>x<M>.pprof and
 	// OutDir/apiserver-cpu-<N>x<M>.pprof.
 	ProfileSeconds int
-	// Phases are the phases to run, in order, from "load", "resync" and "bump"; empty means all
-	// three. The resync and the bump need the load before them.
+	// Phases are the phases to run, in order, from "load", "resync", "bump" and "floor"; empty
+	// means all four. The others need the load before them.
 	Phases []string
 	// Log receives progress lines; nil discards them.
 	Log io.Writer
@@ -80,6 +80,20 @@ type Result struct {
 	Phases  []Phase  `json:"phases"`
 	// NMCBytes is the JSON size of one NMC as stored (managedFields included) after the load.
 	NMCBytes int `json:"nmcBytes"`
+	// Floor compares the load with the floor phase, when both ran.
+	Floor *FloorRatio `json:"floor,omitempty"`
+}
+
+// FloorRatio is kmm's load over the floor's (issue 41): the same pairs, on the same control plane,
+// in the same run.
+type FloorRatio struct {
+	// LoadSeconds is kmm's load until every pair was Loaded; FloorSeconds the floor's, until its
+	// last Loaded status write returned. Ratio is LoadSeconds / FloorSeconds.
+	LoadSeconds  float64 `json:"loadSeconds"`
+	FloorSeconds float64 `json:"floorSeconds"`
+	Ratio        float64 `json:"ratio"`
+	// SettledRatio compares the times until the last write (worker pods deleted, labels written).
+	SettledRatio float64 `json:"settledRatio"`
 }
 
 // Phase is what one phase measured.
@@ -120,6 +134,11 @@ type Phase struct {
 	OtherCPUSeconds map[string]float64 `json:"otherCPUSeconds"`
 	// PeakRSSMiB is the operator process's VmHWM at the end of the phase.
 	PeakRSSMiB float64 `json:"peakRSSMiB"`
+	// APIServerCPUMillisPerPair is kube-apiserver's CPU time during the phase per pair.
+	APIServerCPUMillisPerPair float64 `json:"apiserverCPUMillisPerPair"`
+	// NMCStatusWriteBytes is the mean request body of an NMC update (all clients; in the load, the
+	// bump and the floor every NMC update is a status write).
+	NMCStatusWriteBytes float64 `json:"nmcStatusWriteBytes"`
 }
 
 // harness is a running environment.
@@ -266,6 +285,7 @@ func (h *harness) phases(ctx context.Context, res *Result) error {
 		}
 	}()
 
+	var plan floorPlan
 	p, err := h.measure(ctx, "load", &op, func(ctx context.Context) error {
 		if h.o.ProfileSeconds > 0 {
 			h.profile(ctx, op)
@@ -281,14 +301,34 @@ func (h *harness) phases(ctx context.Context, res *Result) error {
 	if err != nil {
 		return err
 	}
-	if res.NMCBytes, err = h.nmcBytes(ctx); err != nil || !h.runs("resync") {
+	if res.NMCBytes, err = h.nmcBytes(ctx); err != nil {
 		return err
 	}
+	if plan, err = h.floorPlanFrom(ctx); err != nil {
+		return err
+	}
+	if err := h.afterLoad(ctx, res, &op); err != nil {
+		return err
+	}
+	if !h.runs("floor") {
+		return nil
+	}
+	op.stop()
+	op = nil
+	return h.floorPhase(ctx, res, plan)
+}
 
+// afterLoad runs the resync and the bump, as asked.
+func (h *harness) afterLoad(ctx context.Context, res *Result, opp **operator) error {
+	op := *opp
+	defer func() { *opp = op }()
+	if !h.runs("resync") {
+		return nil
+	}
 	h.sayf("restarting the operator (no-op resync)")
 	op.stop()
 	op = nil
-	p, err = h.measure(ctx, "resync", &op, func(ctx context.Context) error {
+	p, err := h.measure(ctx, "resync", &op, func(ctx context.Context) error {
 		var err error
 		if op, err = h.startOperator(ctx, "2"); err != nil {
 			return err

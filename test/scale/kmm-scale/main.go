@@ -37,7 +37,7 @@ func run() error {
 	flag.IntVar(&o.AgentWorkers, "agent-workers", 16, "Worker pods the simulated kubelet ends at once.")
 	flag.DurationVar(&o.Timeout, "timeout", 10*time.Minute, "Longest a phase may take.")
 	flag.IntVar(&o.ProfileSeconds, "profile-seconds", 0, "When positive, save CPU profiles of the operator and kube-apiserver over the first seconds of the load phase.")
-	phases := flag.String("phases", "load,resync,bump", "Phases to run, comma-separated; resync and bump need load.")
+	phases := flag.String("phases", "load,resync,bump,floor", "Phases to run, comma-separated; the others need load.")
 	out := flag.String("out", "bin/scale", "Directory of the JSON result, the operator logs and profiles.")
 	args := flag.String("operator-args", "", "Extra operator flags, space-separated (e.g. \"--kube-api-qps 200\").")
 	flag.Parse()
