@@ -2,9 +2,9 @@ package scale
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
-	"encoding/json"
 	"sync"
 	"time"
 
