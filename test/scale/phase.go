@@ -105,6 +105,14 @@ func (h *harness) measure(ctx context.Context, name string, op **operator, actio
 	if total > 0 {
 		p.CPUPerReconcileMicros = p.CPUSeconds / float64(total) * 1e6
 	}
+	switch {
+	case name == "load":
+		st := h.stages(before.at, NodePrefix)
+		p.Stages = &st
+	case strings.HasPrefix(name, "floor"):
+		st := h.stages(before.at, h.stagePrefix)
+		p.Stages = &st
+	}
 	p.APIServerCPUMillisPerPair = p.OtherCPUSeconds["kube-apiserver"] / pairs * 1000
 	p.NMCStatusWriteBytes = p.BodyBytesPerWrite["update nodemodulesconfigs"]
 	if *op != nil {

@@ -26,7 +26,8 @@ func TestSmoke(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	res, err := scale.Run(ctx, scale.Options{Nodes: 10, Modules: 1, Manager: bin, Timeout: time.Minute, OutDir: t.TempDir()})
+	res, err := scale.Run(ctx, scale.Options{Nodes: 10, Modules: 1, Manager: bin, Timeout: time.Minute, OutDir: t.TempDir(),
+		FloorConcurrency: []int{4}})
 	if err != nil {
 		t.Fatal(err)
 	}
