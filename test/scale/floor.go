@@ -50,11 +50,12 @@ type floorPlan struct {
 // floor is a client with no logic making kmm's happy-path requests (SPEC §10, issue 41): for each
 // node, one NMC apply per Module (each with that Module's field manager), a status write with every
 // pair Loading, the worker pods, then — once the simulated kubelet has ended them — a status write
-// with every pair Loaded, the node's ready labels and the pods' deletion. Every node goes at
-// once, up to a concurrency: nothing waits but on the API server and the kubelet.
+// with every pair Loaded, the node's ready labels and the pods' deletion. Every node starts at
+// once; at most a concurrency of them make requests at a time (a node waiting for the kubelet
+// makes none): nothing waits but on the API server and the kubelet.
 type floor struct {
 	plan floorPlan
-	// concurrency is how many nodes the floor works on at once; prefix starts its nodes' names.
+	// concurrency is how many nodes make requests at once; prefix starts its nodes' names.
 	concurrency int
 	prefix      string
 	c           client.Client
@@ -225,16 +226,14 @@ func (h *harness) floorPhase(ctx context.Context, plan floorPlan, concurrency in
 	return p, err
 }
 
-// run replays the plan on the nodes, f.concurrency at a time, and returns when every node is done.
+// run replays the plan on the nodes and returns when every node is done. At most f.concurrency
+// nodes make requests at once; a node waiting for the kubelet to end its pods holds no slot, as an
+// operator's worker does not wait for a pod either.
 func (f *floor) run(ctx context.Context, nodes []*corev1.Node) error {
 	errs := make(chan error, len(nodes))
 	slots := make(chan struct{}, max(f.concurrency, 1))
 	for _, n := range nodes {
-		go func() {
-			slots <- struct{}{}
-			defer func() { <-slots }()
-			errs <- f.node(ctx, n)
-		}()
+		go func() { errs <- f.node(ctx, n, slots) }()
 	}
 	var all []error
 	for range nodes {
@@ -243,37 +242,30 @@ func (f *floor) run(ctx context.Context, nodes []*corev1.Node) error {
 	return errors.Join(all...)
 }
 
-// node makes one node's requests in kmm's order.
-func (f *floor) node(ctx context.Context, n *corev1.Node) error {
-	var u *unstructured.Unstructured
-	for i := range f.plan.entries {
-		var err error
-		if u, err = f.apply(ctx, n, &f.plan.entries[i]); err != nil {
-			return err
-		}
+// holding runs do with one of slots taken.
+func holding(ctx context.Context, slots chan struct{}, do func() error) error {
+	select {
+	case slots <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
 	}
+	defer func() { <-slots }()
+	return do()
+}
+
+// node makes one node's requests in kmm's order: the front (applies, Loading, pods), then, once
+// the kubelet ended the pods, the back (Loaded, labels, deletions).
+func (f *floor) node(ctx context.Context, n *corev1.Node, slots chan struct{}) error {
+	var pods []*corev1.Pod
+	var waits []chan struct{}
 	nmc := &kmmv1beta1.NodeModulesConfig{}
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, nmc); err != nil {
+	err := holding(ctx, slots, func() error {
+		var err error
+		pods, waits, err = f.front(ctx, n, nmc)
 		return err
-	}
-	// As the operator's cache holds it: without managedFields.
-	nmc.ManagedFields = nil
-	if err := f.writeStatus(ctx, nmc, f.plan.loading); err != nil {
+	})
+	if err != nil {
 		return err
-	}
-	pods := make([]*corev1.Pod, 0, len(f.plan.entries))
-	waits := make([]chan struct{}, 0, len(f.plan.entries))
-	for i := range f.plan.entries {
-		in := &fsm.WorkerIntent{Action: contract.ActionLoad, Attempt: f.plan.loaded[i].Attempts, Entry: f.plan.entries[i]}
-		pod, err := node.WorkerPod(n.Name, f.plan.worker, in)
-		if err != nil {
-			return err
-		}
-		waits = append(waits, f.waitFor(pod.Name))
-		if err := f.c.Create(ctx, pod); err != nil {
-			return fmt.Errorf("creating %s: %w", pod.Name, err)
-		}
-		pods = append(pods, pod)
 	}
 	for _, w := range waits {
 		select {
@@ -282,6 +274,45 @@ func (f *floor) node(ctx context.Context, n *corev1.Node) error {
 			return ctx.Err()
 		}
 	}
+	return holding(ctx, slots, func() error { return f.back(ctx, n, nmc, pods) })
+}
+
+// front applies the entries, writes the Loading status into nmc and creates the worker pods.
+func (f *floor) front(ctx context.Context, n *corev1.Node, nmc *kmmv1beta1.NodeModulesConfig) ([]*corev1.Pod, []chan struct{}, error) {
+	var u *unstructured.Unstructured
+	for i := range f.plan.entries {
+		var err error
+		if u, err = f.apply(ctx, n, &f.plan.entries[i]); err != nil {
+			return nil, nil, err
+		}
+	}
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, nmc); err != nil {
+		return nil, nil, err
+	}
+	// As the operator's cache holds it: without managedFields.
+	nmc.ManagedFields = nil
+	if err := f.writeStatus(ctx, nmc, f.plan.loading); err != nil {
+		return nil, nil, err
+	}
+	pods := make([]*corev1.Pod, 0, len(f.plan.entries))
+	waits := make([]chan struct{}, 0, len(f.plan.entries))
+	for i := range f.plan.entries {
+		in := &fsm.WorkerIntent{Action: contract.ActionLoad, Attempt: f.plan.loaded[i].Attempts, Entry: f.plan.entries[i]}
+		pod, err := node.WorkerPod(n.Name, f.plan.worker, in)
+		if err != nil {
+			return nil, nil, err
+		}
+		waits = append(waits, f.waitFor(pod.Name))
+		if err := f.c.Create(ctx, pod); err != nil {
+			return nil, nil, fmt.Errorf("creating %s: %w", pod.Name, err)
+		}
+		pods = append(pods, pod)
+	}
+	return pods, waits, nil
+}
+
+// back writes the Loaded status, the node's labels, and deletes the pods.
+func (f *floor) back(ctx context.Context, n *corev1.Node, nmc *kmmv1beta1.NodeModulesConfig, pods []*corev1.Pod) error {
 	if err := f.writeStatus(ctx, nmc, f.plan.loaded); err != nil {
 		return err
 	}
