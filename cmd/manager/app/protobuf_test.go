@@ -101,7 +101,12 @@ func TestBuiltInKindsGoAsProtobuf(t *testing.T) {
 	mctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(mctx) }()
-	defer func() { stop(); <-done }()
+	defer func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
 	select {
 	case <-mgr.Elected():
 	case <-ctx.Done():
