@@ -105,12 +105,30 @@ func (h *harness) measure(ctx context.Context, name string, op **operator, actio
 	if total > 0 {
 		p.CPUPerReconcileMicros = p.CPUSeconds / float64(total) * 1e6
 	}
-	if p.PeakRSSMiB, _, err = (*op).stats(); err != nil {
-		return p, err
+	h.annotate(&p, before.at, pairs)
+	if *op != nil {
+		if p.PeakRSSMiB, _, err = (*op).stats(); err != nil {
+			return p, err
+		}
 	}
 	h.sayf("phase %s: %.1f s, settled %.1f s, %d operator writes (%.2f per pair, %.2f without Events), %.1f CPU s, peak RSS %.0f MiB",
 		name, p.Seconds, p.SettledSeconds, p.OperatorWrites, p.WritesPerPair, p.WritesPerPairNoEvents, p.CPUSeconds, p.PeakRSSMiB)
 	return p, nil
+}
+
+// annotate adds the figures derived from a phase's measurements: its stages (load, floor),
+// kube-apiserver's CPU per pair and the size of an NMC status write.
+func (h *harness) annotate(p *Phase, start time.Time, pairs float64) {
+	switch {
+	case p.Name == "load":
+		st := h.stages(start, NodePrefix)
+		p.Stages = &st
+	case strings.HasPrefix(p.Name, "floor"):
+		st := h.stages(start, h.stagePrefix)
+		p.Stages = &st
+	}
+	p.APIServerCPUMillisPerPair = p.OtherCPUSeconds["kube-apiserver"] / pairs * 1000
+	p.NMCStatusWriteBytes = p.BodyBytesPerWrite["update nodemodulesconfigs"]
 }
 
 func isIgnored(resource string) bool {

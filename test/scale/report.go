@@ -72,10 +72,20 @@ func (r *Result) PrintTable(w io.Writer) {
 			p.Name, per, UpstreamReferenceSeconds, UpstreamReferenceSeconds/per)
 	}
 	_, _ = fmt.Fprintf(w, "one NMC after the load: %d bytes of JSON (managedFields included)\n", r.NMCBytes)
+	if f := r.Floor; f != nil {
+		_, _ = fmt.Fprintf(w, "floor: kmm's load %.1f s / the fastest floor's (%s) %.1f s = %.2fx (target <= 1.25x); until the last write %.2fx\n",
+			f.LoadSeconds, f.Phase, f.FloorSeconds, f.Ratio, f.SettledRatio)
+	}
 	for _, p := range r.Phases {
 		_, _ = fmt.Fprintf(w, "operator requests, %s: %s\n", p.Name, p.OperatorRequests)
 		_, _ = fmt.Fprintf(w, "operator writes per pair, %s: %.2f in all (Events included): %s\n", p.Name, p.WritesPerPair, perPair(p.WritesPerPairByKind))
 		_, _ = fmt.Fprintf(w, "mean request body bytes, %s (all clients): %s\n", p.Name, perPair(p.BodyBytesPerWrite))
+		if st := p.Stages; st != nil {
+			_, _ = fmt.Fprintf(w, "stages per pair, %s (s, p50/p90/max): start to Loading seen %s, Loading to pod ended %s, pod ended to Loaded seen %s\n",
+				p.Name, st.ToLoading, st.LoadingToEnded, st.EndedToLoaded)
+		}
+		_, _ = fmt.Fprintf(w, "kube-apiserver, %s: %.1f ms CPU per pair; %.0f bytes per NMC status write\n", p.Name,
+			p.APIServerCPUMillisPerPair, p.NMCStatusWriteBytes)
 		_, _ = fmt.Fprintf(w, "harness+agent requests, %s: %s\n", p.Name, p.HarnessRequests.writesOnly())
 		_, _ = fmt.Fprintf(w, "CPU seconds, %s: operator %.1f, kube-apiserver %.1f, etcd %.1f, harness+agent %.1f; %.2f of %d cores busy\n", p.Name,
 			p.CPUSeconds, p.OtherCPUSeconds["kube-apiserver"], p.OtherCPUSeconds["etcd"], p.OtherCPUSeconds["harness+agent"],

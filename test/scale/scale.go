@@ -63,9 +63,12 @@ type Options struct {
 	// the first ProfileSeconds of the load phase to OutDir/cpu-<N>x<M>.pprof and
 	// OutDir/apiserver-cpu-<N>x<M>.pprof.
 	ProfileSeconds int
-	// Phases are the phases to run, in order, from "load", "resync" and "bump"; empty means all
-	// three. The resync and the bump need the load before them.
+	// Phases are the phases to run, in order, from "load", "resync", "bump" and "floor"; empty
+	// means all four. The others need the load before them.
 	Phases []string
+	// FloorConcurrency are the floor's runs, each working on that many nodes at once (issue 41);
+	// nil means DefaultFloorConcurrency. The fastest is the floor.
+	FloorConcurrency []int
 	// Log receives progress lines; nil discards them.
 	Log io.Writer
 }
@@ -80,6 +83,22 @@ type Result struct {
 	Phases  []Phase  `json:"phases"`
 	// NMCBytes is the JSON size of one NMC as stored (managedFields included) after the load.
 	NMCBytes int `json:"nmcBytes"`
+	// Floor compares the load with the floor phase, when both ran.
+	Floor *FloorRatio `json:"floor,omitempty"`
+}
+
+// FloorRatio is kmm's load over the floor's (issue 41): the same pairs, on the same control plane,
+// in the same run.
+type FloorRatio struct {
+	// Phase is the fastest floor phase, which the ratio uses.
+	Phase string `json:"phase"`
+	// LoadSeconds is kmm's load until every pair was Loaded; FloorSeconds the floor's, until its
+	// last Loaded status write returned. Ratio is LoadSeconds / FloorSeconds.
+	LoadSeconds  float64 `json:"loadSeconds"`
+	FloorSeconds float64 `json:"floorSeconds"`
+	Ratio        float64 `json:"ratio"`
+	// SettledRatio compares the times until the last write (worker pods deleted, labels written).
+	SettledRatio float64 `json:"settledRatio"`
 }
 
 // Phase is what one phase measured.
@@ -120,6 +139,13 @@ type Phase struct {
 	OtherCPUSeconds map[string]float64 `json:"otherCPUSeconds"`
 	// PeakRSSMiB is the operator process's VmHWM at the end of the phase.
 	PeakRSSMiB float64 `json:"peakRSSMiB"`
+	// APIServerCPUMillisPerPair is kube-apiserver's CPU time during the phase per pair.
+	APIServerCPUMillisPerPair float64 `json:"apiserverCPUMillisPerPair"`
+	// Stages split the load's and the floor's time per pair.
+	Stages *Stages `json:"stages,omitempty"`
+	// NMCStatusWriteBytes is the mean request body of an NMC update (all clients; in the load, the
+	// bump and the floor every NMC update is a status write).
+	NMCStatusWriteBytes float64 `json:"nmcStatusWriteBytes"`
 }
 
 // harness is a running environment.
@@ -135,6 +161,8 @@ type harness struct {
 	count        counter
 	operatorArgs []string
 	nodes        []string
+	seen         *transitions
+	stagePrefix  string // the nodes of the floor phase being measured
 }
 
 // Run sets up the environment, runs the phases and tears everything down.
@@ -151,6 +179,9 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if o.Log == nil {
 		o.Log = io.Discard
 	}
+	if o.FloorConcurrency == nil {
+		o.FloorConcurrency = DefaultFloorConcurrency
+	}
 	if o.OutDir == "" {
 		dir, err := os.MkdirTemp("", "kmm-scale-")
 		if err != nil {
@@ -163,7 +194,9 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	defer cancel()
 	h := &harness{o: o, count: counter{mu: &sync.Mutex{}, reqs: Requests{}}}
 	cleanup, err := h.setUp(ctx)
-	defer cleanup()
+	// The watches end before the control plane stops: kube-apiserver otherwise waits for them (a
+	// stop of more than a minute seen after the floor phase).
+	defer func() { cancel(); cleanup() }()
 	if err != nil {
 		return nil, err
 	}
@@ -218,7 +251,7 @@ func (h *harness) setUp(ctx context.Context) (func(), error) {
 	go func() { _ = h.agent.Start(ctx) }()
 	h.sayf("adding %d simulated nodes", h.o.Nodes)
 	for i := range h.o.Nodes {
-		n := fmt.Sprintf("node-%04d", i)
+		n := nodeName(i)
 		if err := h.agent.AddNode(ctx, n, Kernel, map[string]string{"kmm-scale": "true"}); err != nil {
 			return cleanup, err
 		}
@@ -240,6 +273,14 @@ func (h *harness) startCache(ctx context.Context, cfg *rest.Config) error {
 		if _, err := c.GetInformer(ctx, obj); err != nil {
 			return err
 		}
+	}
+	h.seen = newTransitions(nodeName(0))
+	nmcs, err := c.GetInformer(ctx, &kmmv1beta1.NodeModulesConfig{})
+	if err != nil {
+		return err
+	}
+	if _, err := nmcs.AddEventHandler(h.seen.handler()); err != nil {
+		return err
 	}
 	go func() { _ = c.Start(ctx) }()
 	if !c.WaitForCacheSync(ctx) {
@@ -266,6 +307,7 @@ func (h *harness) phases(ctx context.Context, res *Result) error {
 		}
 	}()
 
+	var plan floorPlan
 	p, err := h.measure(ctx, "load", &op, func(ctx context.Context) error {
 		if h.o.ProfileSeconds > 0 {
 			h.profile(ctx, op)
@@ -281,14 +323,34 @@ func (h *harness) phases(ctx context.Context, res *Result) error {
 	if err != nil {
 		return err
 	}
-	if res.NMCBytes, err = h.nmcBytes(ctx); err != nil || !h.runs("resync") {
+	if res.NMCBytes, err = h.nmcBytes(ctx); err != nil {
 		return err
 	}
+	if plan, err = h.floorPlanFrom(ctx); err != nil {
+		return err
+	}
+	if err := h.afterLoad(ctx, res, &op); err != nil {
+		return err
+	}
+	if !h.runs("floor") {
+		return nil
+	}
+	op.stop()
+	op = nil
+	return h.floorPhases(ctx, res, plan)
+}
 
+// afterLoad runs the resync and the bump, as asked.
+func (h *harness) afterLoad(ctx context.Context, res *Result, opp **operator) error {
+	op := *opp
+	defer func() { *opp = op }()
+	if !h.runs("resync") {
+		return nil
+	}
 	h.sayf("restarting the operator (no-op resync)")
 	op.stop()
 	op = nil
-	p, err = h.measure(ctx, "resync", &op, func(ctx context.Context) error {
+	p, err := h.measure(ctx, "resync", &op, func(ctx context.Context) error {
 		var err error
 		if op, err = h.startOperator(ctx, "2"); err != nil {
 			return err
@@ -382,6 +444,12 @@ func (h *harness) profile(ctx context.Context, op *operator) {
 		}
 	}()
 }
+
+// nodeName is the i-th of the operator's nodes.
+func nodeName(i int) string { return fmt.Sprintf("%s%04d", NodePrefix, i) }
+
+// NodePrefix starts the names of the nodes of the operator's phases.
+const NodePrefix = "node-"
 
 func moduleName(i int) string { return fmt.Sprintf("scale-%d", i) }
 

@@ -26,14 +26,16 @@ func TestSmoke(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	res, err := scale.Run(ctx, scale.Options{Nodes: 10, Modules: 1, Manager: bin, Timeout: time.Minute, OutDir: t.TempDir()})
+	res, err := scale.Run(ctx, scale.Options{Nodes: 10, Modules: 1, Manager: bin, Timeout: time.Minute, OutDir: t.TempDir(),
+		FloorConcurrency: []int{4}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res.Phases) != 3 {
-		t.Fatalf("want 3 phases, got %+v", res.Phases)
+	if len(res.Phases) != 4 {
+		t.Fatalf("want 4 phases, got %+v", res.Phases)
 	}
 	load, resync, bump := res.Phases[0], res.Phases[1], res.Phases[2]
+	checkFloor(t, res, load, res.Phases[3])
 	// One NMC apply per pair; a Module reconcile that runs before the cache shows its own apply
 	// applies the same entry again (a no-op on the server), which a loaded 2-core machine does for
 	// a few pairs (13 of 10 seen once in a full `go test ./...`): allow that, not a second round.
@@ -77,5 +79,30 @@ func TestSmoke(t *testing.T) {
 	}
 	if bump.OperatorWrites == 0 || load.PeakRSSMiB <= 0 || load.CPUSeconds <= 0 {
 		t.Errorf("implausible: bump writes %d, peak RSS %.0f MiB, CPU %.2f s", bump.OperatorWrites, load.PeakRSSMiB, load.CPUSeconds)
+	}
+}
+
+// checkFloor checks that the floor made exactly kmm's happy-path writes of a load at x 1 (issue
+// 41), one NMC status write Loading and one Loaded per pair, and that the ratio was reported.
+func checkFloor(t *testing.T, res *scale.Result, load, floor scale.Phase) {
+	t.Helper()
+	want := map[string]float64{"APPLY nodemodulesconfigs": 1, "PUT nodemodulesconfigs/status": 2, "POST pods": 1, "DELETE pods": 1, "PATCH nodes": 1}
+	if len(floor.WritesPerPairByKind) != len(want) {
+		t.Errorf("floor: writes per pair %v, want %v", floor.WritesPerPairByKind, want)
+	}
+	for k, v := range want {
+		if floor.WritesPerPairByKind[k] != v {
+			t.Errorf("floor: %s = %.2f per pair, want %.0f (all: %v)", k, floor.WritesPerPairByKind[k], v, floor.WritesPerPairByKind)
+		}
+		if k != "APPLY nodemodulesconfigs" && load.WritesPerPairByKind[k] != v {
+			t.Errorf("load: %s = %.2f per pair, the floor's %.0f: the floor no longer mirrors kmm (%v)", k, load.WritesPerPairByKind[k], v, load.WritesPerPairByKind)
+		}
+	}
+	if f := res.Floor; f == nil || f.Ratio <= 0 || f.FloorSeconds <= 0 || f.FloorSeconds > floor.SettledSeconds {
+		t.Errorf("floor: implausible ratio %+v (floor phase settled in %.1f s)", res.Floor, floor.SettledSeconds)
+	}
+	if floor.APIServerCPUMillisPerPair <= 0 || floor.NMCStatusWriteBytes <= 0 || load.NMCStatusWriteBytes <= 0 {
+		t.Errorf("floor: no kube-apiserver CPU per pair (%.1f ms) or NMC status write size (%.0f, load %.0f)",
+			floor.APIServerCPUMillisPerPair, floor.NMCStatusWriteBytes, load.NMCStatusWriteBytes)
 	}
 }

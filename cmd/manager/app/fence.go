@@ -81,33 +81,35 @@ func (l *lateEvents) GetEventRecorder(name string) recorder.EventRecorder {
 	return nil
 }
 
-// lateRecorder forwards to events' bound provider, or drops the Event.
+// lateRecorder forwards to the events.k8s.io recorder of events' bound provider, or drops the
+// Event. Not to the core/v1 recorder (GetEventRecorderFor) the Lease lock's interface is named
+// after: client-go sends core/v1 Events as JSON, where every other request kmm makes about a
+// built-in kind goes as protobuf (issue 41, TestBuiltInKindsGoAsProtobuf).
 type lateRecorder struct {
 	events *lateEvents
 	name   string
 }
 
-func (r lateRecorder) target() record.EventRecorder {
+func (r lateRecorder) target() recorder.EventRecorder {
 	if p := r.events.bound(); p != nil {
-		return p.GetEventRecorderFor(r.name) //nolint:staticcheck // the Lease lock uses the old events API
+		return p.GetEventRecorder(r.name)
 	}
 	return nil
 }
 
 func (r lateRecorder) Event(obj runtime.Object, eventtype, reason, message string) {
-	if t := r.target(); t != nil {
-		t.Event(obj, eventtype, reason, message)
-	}
+	r.Eventf(obj, eventtype, reason, "%s", message)
 }
 
+// Eventf records the Event with its reason as the action (events.k8s.io requires one).
 func (r lateRecorder) Eventf(obj runtime.Object, eventtype, reason, messageFmt string, args ...any) {
 	if t := r.target(); t != nil {
-		t.Eventf(obj, eventtype, reason, messageFmt, args...)
+		t.Eventf(obj, nil, eventtype, reason, reason, messageFmt, args...)
 	}
 }
 
 func (r lateRecorder) AnnotatedEventf(obj runtime.Object, annotations map[string]string, eventtype, reason, messageFmt string, args ...any) {
 	if t := r.target(); t != nil {
-		t.AnnotatedEventf(obj, annotations, eventtype, reason, messageFmt, args...)
+		t.AnnotatedEventf(obj, nil, annotations, eventtype, reason, reason, messageFmt, args...)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -37,12 +38,20 @@ func run() error {
 	flag.IntVar(&o.AgentWorkers, "agent-workers", 16, "Worker pods the simulated kubelet ends at once.")
 	flag.DurationVar(&o.Timeout, "timeout", 10*time.Minute, "Longest a phase may take.")
 	flag.IntVar(&o.ProfileSeconds, "profile-seconds", 0, "When positive, save CPU profiles of the operator and kube-apiserver over the first seconds of the load phase.")
-	phases := flag.String("phases", "load,resync,bump", "Phases to run, comma-separated; resync and bump need load.")
+	phases := flag.String("phases", "load,resync,bump,floor", "Phases to run, comma-separated; the others need load.")
+	floor := flag.String("floor-concurrency", "16,64", "The floor phase's runs: how many nodes each works on at once, comma-separated.")
 	out := flag.String("out", "bin/scale", "Directory of the JSON result, the operator logs and profiles.")
 	args := flag.String("operator-args", "", "Extra operator flags, space-separated (e.g. \"--kube-api-qps 200\").")
 	flag.Parse()
 	o.OperatorArgs = strings.Fields(*args)
 	o.Phases = strings.Split(*phases, ",")
+	for _, c := range strings.Split(*floor, ",") {
+		n, err := strconv.Atoi(c)
+		if err != nil || n < 1 {
+			return fmt.Errorf("--floor-concurrency: %q is not a positive number", c)
+		}
+		o.FloorConcurrency = append(o.FloorConcurrency, n)
+	}
 	var err error
 	if o.OutDir, err = filepath.Abs(*out); err != nil {
 		return err
