@@ -74,45 +74,29 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 }
 
 func runBuild(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("build", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	out := fs.String("out", "bin/images", "Directory of the OCI layouts (kmm-manager, kmm-worker).")
-	cache := fs.String("cache", "bin/images/cache", "Directory of the private apt state, the downloaded .deb files and the Go binaries.")
-	plats := fs.String("platforms", "linux/amd64,linux/arm64", "Platforms of the image indexes.")
-	epoch := fs.String("epoch", os.Getenv("SOURCE_DATE_EPOCH"), "Time of every file and of the image configs, in Unix seconds (default $SOURCE_DATE_EPOCH, else 0).")
-	tag := fs.String("tag", "dev", "Tag recorded in each layout's index.json (org.opencontainers.image.ref.name).")
-	suite := fs.String("suite", "bookworm", "Debian release the kmod and ca-certificates packages come from.")
-	mirror := fs.String("mirror", "http://deb.debian.org/debian", "Debian archive.")
-	security := fs.String("security-mirror", "http://deb.debian.org/debian-security", "Debian security archive (\"\" for none).")
-	maxAge := fs.Duration("apt-max-age", 24*time.Hour, "Age after which the private apt lists are refreshed (apt-get update).")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() != 0 {
-		return fmt.Errorf("build takes no arguments, got %q", fs.Args())
-	}
-	when, err := parseEpoch(*epoch)
+	f, err := parseImageFlags("build", args, stderr, imageFlagHelp{
+		out: "Directory of the OCI layouts (kmm-manager, kmm-worker).", platforms: "Platforms of the image indexes.",
+		epoch: "Time of every file and of the image configs, in Unix seconds (default $SOURCE_DATE_EPOCH, else 0).",
+		tag:   "Tag recorded in each layout's index.json (org.opencontainers.image.ref.name).",
+		suite: "Debian release the kmod and ca-certificates packages come from.",
+	})
 	if err != nil {
 		return err
 	}
-	platforms, err := parsePlatforms(*plats)
-	if err != nil {
-		return err
-	}
-	deb := &debian{Dir: *cache, Mirror: *mirror, SecurityMirror: *security, Suite: *suite, MaxAge: *maxAge, Log: stderr}
+	platforms, deb, when := f.platforms, f.deb, f.epoch
 
 	start := time.Now()
 	bins := map[string]binaries{}
 	for _, p := range platforms {
 		_, _ = fmt.Fprintf(stderr, ">> go build %s\n", p)
-		b, err := goBuild(ctx, ".", p, *cache)
+		b, err := goBuild(ctx, ".", p, f.cache)
 		if err != nil {
 			return err
 		}
 		bins[p.String()] = b
 	}
 	// One build at a time uses the apt state and writes the layouts.
-	unlock, err := lockDir(*cache)
+	unlock, err := lockDir(f.cache)
 	if err != nil {
 		return err
 	}
@@ -121,7 +105,7 @@ func runBuild(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	digests, err := set.writeLayouts(*out, *tag)
+	digests, err := set.writeLayouts(f.out, f.tag)
 	if err != nil {
 		return err
 	}
@@ -167,43 +151,26 @@ func parseEpoch(s string) (time.Time, error) {
 
 // runBuilder builds the builder image (kmm-builder) into <out>/kmm-builder.
 func runBuilder(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("builder", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	out := fs.String("out", "bin/images", "Directory of the OCI layout (kmm-builder).")
-	cache := fs.String("cache", "bin/images/cache", "Directory of the private apt state, the downloaded .deb files and the Go binaries.")
-	plats := fs.String("platforms", "linux/amd64,linux/arm64", "Platforms of the image index.")
-	epoch := fs.String("epoch", os.Getenv("SOURCE_DATE_EPOCH"), "Time of every file and of the image config, in Unix seconds (default $SOURCE_DATE_EPOCH, else 0).")
-	tag := fs.String("tag", "dev", "Tag recorded in the layout's index.json.")
-	suite := fs.String("suite", "bookworm", "Debian release runc comes from.")
-	mirror := fs.String("mirror", "http://deb.debian.org/debian", "Debian archive.")
-	security := fs.String("security-mirror", "http://deb.debian.org/debian-security", "Debian security archive (\"\" for none).")
-	maxAge := fs.Duration("apt-max-age", 24*time.Hour, "Age after which the private apt lists are refreshed (apt-get update).")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() != 0 {
-		return fmt.Errorf("builder takes no arguments, got %q", fs.Args())
-	}
-	when, err := parseEpoch(*epoch)
+	f, err := parseImageFlags("builder", args, stderr, imageFlagHelp{
+		out: "Directory of the OCI layout (kmm-builder).", platforms: "Platforms of the image index.",
+		epoch: "Time of every file and of the image config, in Unix seconds (default $SOURCE_DATE_EPOCH, else 0).",
+		tag:   "Tag recorded in the layout's index.json.", suite: "Debian release runc comes from.",
+	})
 	if err != nil {
 		return err
 	}
-	platforms, err := parsePlatforms(*plats)
-	if err != nil {
-		return err
-	}
-	deb := &debian{Dir: *cache, Mirror: *mirror, SecurityMirror: *security, Suite: *suite, MaxAge: *maxAge, Log: stderr}
+	platforms, deb, when := f.platforms, f.deb, f.epoch
 	start := time.Now()
 	bins := map[string]builderBinaries{}
 	for _, p := range platforms {
 		_, _ = fmt.Fprintf(stderr, ">> go build builder, buildkitd, buildctl %s\n", p)
-		b, err := goBuildBuilder(ctx, ".", p, *cache)
+		b, err := goBuildBuilder(ctx, ".", p, f.cache)
 		if err != nil {
 			return err
 		}
 		bins[p.String()] = b
 	}
-	unlock, err := lockDir(*cache)
+	unlock, err := lockDir(f.cache)
 	if err != nil {
 		return err
 	}
@@ -212,8 +179,8 @@ func runBuilder(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
-	dir := filepath.Join(*out, builderName)
-	if err := writeLayout(dir, idx, *tag); err != nil {
+	dir := filepath.Join(f.out, builderName)
+	if err := writeLayout(dir, idx, f.tag); err != nil {
 		return err
 	}
 	d, err := idx.Digest()
@@ -223,4 +190,47 @@ func runBuilder(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	_, err = fmt.Fprintf(stdout, "%s\t%s\t%s\n", builderName, d, dir)
 	_, _ = fmt.Fprintf(stderr, ">> builder image built in %s\n", time.Since(start).Round(100*time.Millisecond))
 	return err
+}
+
+// imageFlags are what the build and builder subcommands share: where the layouts go, the apt and
+// Go cache, the platforms, the files' time, the tag, and the Debian archive.
+type imageFlags struct {
+	out, cache, tag string
+	platforms       []platform
+	epoch           time.Time
+	deb             *debian
+}
+
+// imageFlagHelp is the help of the flags whose meaning differs between the subcommands.
+type imageFlagHelp struct{ out, platforms, epoch, tag, suite string }
+
+// parseImageFlags parses the flags of subcommand name.
+func parseImageFlags(name string, args []string, stderr io.Writer, help imageFlagHelp) (*imageFlags, error) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	out := fs.String("out", "bin/images", help.out)
+	cache := fs.String("cache", "bin/images/cache", "Directory of the private apt state, the downloaded .deb files and the Go binaries.")
+	plats := fs.String("platforms", "linux/amd64,linux/arm64", help.platforms)
+	epoch := fs.String("epoch", os.Getenv("SOURCE_DATE_EPOCH"), help.epoch)
+	tag := fs.String("tag", "dev", help.tag)
+	suite := fs.String("suite", "bookworm", help.suite)
+	mirror := fs.String("mirror", "http://deb.debian.org/debian", "Debian archive.")
+	security := fs.String("security-mirror", "http://deb.debian.org/debian-security", "Debian security archive (\"\" for none).")
+	maxAge := fs.Duration("apt-max-age", 24*time.Hour, "Age after which the private apt lists are refreshed (apt-get update).")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() != 0 {
+		return nil, fmt.Errorf("%s takes no arguments, got %q", name, fs.Args())
+	}
+	when, err := parseEpoch(*epoch)
+	if err != nil {
+		return nil, err
+	}
+	platforms, err := parsePlatforms(*plats)
+	if err != nil {
+		return nil, err
+	}
+	deb := &debian{Dir: *cache, Mirror: *mirror, SecurityMirror: *security, Suite: *suite, MaxAge: *maxAge, Log: stderr}
+	return &imageFlags{out: *out, cache: *cache, tag: *tag, platforms: platforms, epoch: when, deb: deb}, nil
 }
