@@ -364,30 +364,13 @@ func TestDeletionWaitsForReadyNode(t *testing.T) {
 }
 
 func TestOwnAgentWithCustomOutcomeAndDelay(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	busy := func(in agent.RunInput) agent.Verdict {
 		if in.Action == contract.ActionUnload {
 			return agent.Failed(contract.ReasonBusy, "modprobe: FATAL: Module "+in.Config.Config.Modprobe.ModuleName+" is in use.")
 		}
 		return agent.DefaultOutcome(in)
 	}
-	own, err := agent.New(restConfig, agent.Options{Outcome: busy, RunDelay: 200 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- own.Start(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
-	ns, node := namespace(t), unique(t, "own")
-	if err := own.AddNode(ctx, node, kernel, nil); err != nil {
-		t.Fatal(err)
-	}
+	own, ns, node := startOwnAgent(t, agent.Options{Outcome: busy, RunDelay: 200 * time.Millisecond})
 	pod := workerPod(t, node, contract.ActionUnload, config(ns, "busy", kernel, "registry.example/kmod:v1"))
 	start := time.Now()
 	create(t, pod)
@@ -470,25 +453,9 @@ func TestReload(t *testing.T) {
 // device plugin) stays, Running, for StopDelay after the agent saw its deletion, then goes; without
 // it (the shared agent) it goes at once.
 func TestStopDelayKeepsADeletedPodRunning(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	ctx := context.Background()
 	const stop = 700 * time.Millisecond
-	own, err := agent.New(restConfig, agent.Options{StopDelay: stop})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- own.Start(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
-	ns, node := namespace(t), unique(t, "own")
-	if err := own.AddNode(ctx, node, kernel, nil); err != nil {
-		t.Fatal(err)
-	}
+	_, ns, node := startOwnAgent(t, agent.Options{StopDelay: stop})
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "device-plugin"},
 		Spec:       corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "dp", Image: "registry.example/dp:v1"}}},
@@ -507,4 +474,29 @@ func TestStopDelayKeepsADeletedPodRunning(t *testing.T) {
 	if d := time.Since(deleted); d < stop {
 		t.Errorf("the pod went %v after its deletion, before StopDelay %v", d, stop)
 	}
+}
+
+// startOwnAgent starts an agent of the test's own with opts (beside the shared one), stopped when
+// the test ends, with one node of its own; it returns the agent, a namespace and the node.
+func startOwnAgent(t *testing.T, opts agent.Options) (*agent.Agent, string, string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	own, err := agent.New(restConfig, opts)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- own.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	ns, node := namespace(t), unique(t, "own")
+	if err := own.AddNode(ctx, node, kernel, nil); err != nil {
+		t.Fatal(err)
+	}
+	return own, ns, node
 }
