@@ -12,13 +12,10 @@ import (
 	"path"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"sort"
 	"strings"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 )
 
@@ -274,24 +271,9 @@ func baseImage(t map[string]*baseEntry) (v1.Image, error) {
 	if err := tw.Close(); err != nil {
 		return nil, err
 	}
-	data := buf.Bytes()
-	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil },
-		tarball.WithCompressionLevel(gzip.BestSpeed), tarball.WithCompressedCaching)
-	if err != nil {
-		return nil, err
-	}
-	img, err := mutate.AppendLayers(empty.Image, layer)
-	if err != nil {
-		return nil, err
-	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		return nil, err
-	}
-	cf = cf.DeepCopy()
-	cf.OS, cf.Architecture = "linux", runtime.GOARCH
-	cf.Config.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
-	return mutate.ConfigFile(img, cf)
+	return layerImage(buf.Bytes(), func(c *v1.Config) {
+		c.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	}, tarball.WithCompressionLevel(gzip.BestSpeed), tarball.WithCompressedCaching)
 }
 
 func writeBaseEntry(tw *tar.Writer, name string, e *baseEntry) error {

@@ -11,13 +11,10 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
-	"runtime"
+	"regexp"
 	"strings"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
 )
 
 // The Debian kernel flavours of the guest node: the node boots the first and is upgraded to the
@@ -75,6 +72,9 @@ func FetchKernel(cache, flavour string) (*DebianKernel, error) {
 		}
 	}
 	release := strings.TrimPrefix(pkg, "linux-image-")
+	if err := relocateHeaders(filepath.Join(dir, "usr", "src", "linux-headers-"+release)); err != nil {
+		return nil, err
+	}
 	k := &DebianKernel{Flavour: flavour, Package: pkg, Release: release,
 		Vmlinuz: filepath.Join(dir, "boot", "vmlinuz-"+release),
 		Modules: filepath.Join(dir, "lib", "modules", release),
@@ -121,14 +121,7 @@ func fetchKernelInto(dir, pkg string) error {
 			return err
 		}
 	}
-	// The headers' Makefile includes the common headers by absolute path: point it here.
-	mk := filepath.Join(root, "usr", "src", headers, "Makefile")
-	data, err := os.ReadFile(mk)
-	if err != nil {
-		return err
-	}
-	data = bytes.ReplaceAll(data, []byte("include /usr/src/"), []byte("include "+filepath.Join(dir, "usr", "src")+"/"))
-	if err := os.WriteFile(mk, data, 0o600); err != nil {
+	if err := relocateHeaders(filepath.Join(root, "usr", "src", headers)); err != nil {
 		return err
 	}
 	if err := os.WriteFile(filepath.Join(root, ".complete"), nil, 0o600); err != nil {
@@ -337,21 +330,7 @@ func KmodImage(release string, modules, firmware map[string][]byte) (v1.Image, e
 	if err != nil {
 		return nil, err
 	}
-	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil })
-	if err != nil {
-		return nil, err
-	}
-	img, err := mutate.AppendLayers(empty.Image, layer)
-	if err != nil {
-		return nil, err
-	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		return nil, err
-	}
-	cf = cf.DeepCopy()
-	cf.OS, cf.Architecture = "linux", runtime.GOARCH
-	return mutate.ConfigFile(img, cf)
+	return layerImage(data, nil)
 }
 
 // depmod is the host's depmod (Debian's kmod).
@@ -398,3 +377,24 @@ func tarDir(root string) ([]byte, error) {
 
 // KmodSourceText is test/e2e/kmod/kmm_e2e.c, for a Dockerfile that carries it inline.
 func KmodSourceText() string { return string(kmodSource) }
+
+// absoluteInclude is the headers' include of the common headers by absolute path: Debian's
+// /usr/src/..., or the cache folder an earlier version of this code wrote in (a cache built
+// through another checkout's path then pointed there).
+var absoluteInclude = regexp.MustCompile(`(?m)^include \S*/usr/src/`)
+
+// relocateHeaders has the Makefile in headers include the common headers beside it, wherever the
+// cache folder is: relative to the Makefile's own folder, which make knows as the directory of
+// the last file of MAKEFILE_LIST. It is idempotent.
+func relocateHeaders(headers string) error {
+	mk := filepath.Join(headers, "Makefile")
+	data, err := os.ReadFile(mk)
+	if err != nil {
+		return err
+	}
+	fixed := absoluteInclude.ReplaceAll(data, []byte("include $(dir $(lastword $(MAKEFILE_LIST)))../"))
+	if bytes.Equal(fixed, data) {
+		return nil
+	}
+	return os.WriteFile(mk, fixed, 0o600)
+}

@@ -108,7 +108,17 @@ func BinaryImage(binary string, args ...string) (v1.Image, error) {
 	if err := tw.Close(); err != nil {
 		return nil, err
 	}
-	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(buf.Bytes())), nil })
+	return layerImage(buf.Bytes(), func(c *v1.Config) {
+		c.Entrypoint = []string{"/" + base}
+		c.Cmd = args
+	})
+}
+
+// layerImage is an image of one layer, the tar in data, for this machine's platform (containerd
+// matches a single manifest's platform against its own: an empty one does not match); edit, when
+// not nil, changes its config; opts tune the layer (compression).
+func layerImage(data []byte, edit func(*v1.Config), opts ...tarball.LayerOption) (v1.Image, error) {
+	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil }, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -121,10 +131,10 @@ func BinaryImage(binary string, args ...string) (v1.Image, error) {
 		return nil, err
 	}
 	cf = cf.DeepCopy()
-	// containerd matches a single manifest's platform against its own: an empty one does not match.
 	cf.OS, cf.Architecture = "linux", runtime.GOARCH
-	cf.Config.Entrypoint = []string{"/" + base}
-	cf.Config.Cmd = args
+	if edit != nil {
+		edit(&cf.Config)
+	}
 	return mutate.ConfigFile(img, cf)
 }
 
