@@ -125,6 +125,9 @@ type nodeFacts struct {
 	// upstreamDevicePlugins says a pod of upstream KMM's device plugin holds back an unload on the
 	// node (handover.go): the node is looked at again, as those pods are not watched.
 	upstreamDevicePlugins bool
+	// pluginsReadLive says the device plugin and DRA driver pod facts come from a live read
+	// (liveplugins.go), not the cache.
+	pluginsReadLive bool
 }
 
 // writableNMC returns the NMC to write: a copy of the cached one, made once.
@@ -301,6 +304,9 @@ func (r *NMCReconciler) decide(ctx context.Context, f *nodeFacts, now time.Time)
 // decidePairs runs fsm.Step for every pair known on the node.
 func (r *NMCReconciler) decidePairs(ctx context.Context, f *nodeFacts, now time.Time) ([]pairOutcome, error) {
 	node := observeNode(f.node)
+	if err := r.readPluginsLive(ctx, f, node, now); err != nil {
+		return nil, err
+	}
 	var out []pairOutcome
 	for _, key := range pairKeys(f) {
 		facts := r.pairFacts(f, key, node, now)

@@ -3,7 +3,6 @@ package seededbug
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"sync"
 	"time"
 
@@ -62,7 +61,6 @@ func (m *memory) awaiting(pair string) bool {
 type seededClient struct {
 	client.Client
 	bugs Set
-	live client.Reader
 	m    *memory
 }
 
@@ -177,75 +175,30 @@ func unschedulable(obj client.Object, patch client.Patch) (value, sets bool) {
 }
 
 // List is the manager's list; a list of kmm's pods on one node (the NMC controller's facts) hides
-// the pods taken as deleted (LostAnswerAsDeleted) and is completed with a live read of the node's
-// device plugin pods (ThrottleSkipsDPCheck, StallAsNoDevicePlugin).
+// the pods taken as deleted (LostAnswerAsDeleted).
 func (c *seededClient) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
 	if err := c.Client.List(ctx, list, opts...); err != nil {
 		return err
 	}
 	pods, ok := list.(*corev1.PodList)
-	node, kmms := kmmPodsOfNode(opts)
-	if !ok || !kmms {
+	if !ok || !kmmPodsOfNode(opts) {
 		return nil
 	}
 	if c.bugs[LostAnswerAsDeleted] {
 		pods.Items = keep(pods.Items, func(p *corev1.Pod) bool { _, gone := c.m.lost.Load(p.UID); return !gone })
 	}
-	if c.bugs[ThrottleSkipsDPCheck] || c.bugs[StallAsNoDevicePlugin] {
-		return c.liveDevicePlugins(ctx, pods, node)
-	}
 	return nil
 }
 
-// kmmPodsOfNode says whether a list selects kmm's pods (LabelManagedBy) on one node, and which.
-func kmmPodsOfNode(opts []client.ListOption) (string, bool) {
+// kmmPodsOfNode says whether a list selects kmm's pods (LabelManagedBy) on one node.
+func kmmPodsOfNode(opts []client.ListOption) bool {
 	lo := (&client.ListOptions{}).ApplyOptions(opts)
 	if lo.FieldSelector == nil || lo.LabelSelector == nil {
-		return "", false
+		return false
 	}
-	node, one := lo.FieldSelector.RequiresExactMatch(contract.PodNodeNameField)
+	_, one := lo.FieldSelector.RequiresExactMatch(contract.PodNodeNameField)
 	by, _ := lo.LabelSelector.RequiresExactMatch(contract.LabelManagedBy)
-	return node, one && by == contract.ManagedBy
-}
-
-// liveDevicePlugins reads node's device plugin pods live and adds those the cached list lacks;
-// a read throttled (ThrottleSkipsDPCheck) or longer than 300 ms (StallAsNoDevicePlugin) drops
-// every device plugin pod from the list instead.
-func (c *seededClient) liveDevicePlugins(ctx context.Context, pods *corev1.PodList, node string) error {
-	throttle, stall := c.bugs[ThrottleSkipsDPCheck], c.bugs[StallAsNoDevicePlugin]
-	timeout := time.Duration(0)
-	if stall {
-		timeout = 300 * time.Millisecond
-	}
-	lctx, cancel := withOptionalTimeout(ctx, timeout)
-	defer cancel()
-	live := &corev1.PodList{}
-	err := c.live.List(lctx, live, client.HasLabels{contract.LabelDevicePlugin}, client.MatchingFields{"spec.nodeName": node})
-	if throttle && apierrors.IsTooManyRequests(err) || stall && err != nil && errors.Is(lctx.Err(), context.DeadlineExceeded) {
-		pods.Items = keep(pods.Items, func(p *corev1.Pod) bool { return p.Labels[contract.LabelDevicePlugin] == "" })
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	cached := map[types.UID]bool{}
-	for i := range pods.Items {
-		cached[pods.Items[i].UID] = true
-	}
-	for _, p := range live.Items {
-		if !cached[p.UID] {
-			pods.Items = append(pods.Items, p)
-		}
-	}
-	return nil
-}
-
-// withOptionalTimeout is ctx with timeout, or without one when timeout is 0.
-func withOptionalTimeout(ctx context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
-	if timeout == 0 {
-		return context.WithCancel(ctx)
-	}
-	return context.WithTimeout(ctx, timeout)
+	return one && by == contract.ManagedBy
 }
 
 // keep is the pods for which ok holds, in a new slice.

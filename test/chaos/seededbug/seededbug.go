@@ -58,13 +58,12 @@ const (
 	// somebody else having changed the node meanwhile: it answers success and swallows every later
 	// uncordon of that node, leaving the cordon to "them"; it is never lifted.
 	ConflictDisownsCordon = "conflict-disowns-cordon"
-	// ThrottleSkipsDPCheck: a reader wrapper completes the manager's cached list of kmm's pods on a
-	// node (the NMC controller's facts) with a live read of the node's device plugin pods (not to
-	// wait on the cache); a live read throttled with 429 drops the device plugin pods from the
-	// list, as if none ran, so a module is unloaded under its device plugin.
+	// ThrottleSkipsDPCheck: a transport wrapper answers the NMC controller's live read of a node's
+	// device plugin pods before an unload (controllers/node/liveplugins.go), when it is throttled
+	// with 429, with an empty list: as if none ran, so a module is unloaded under its device plugin.
 	ThrottleSkipsDPCheck = "throttle-skips-dp-check"
-	// StallAsNoDevicePlugin: the same live read of the device plugin pods is given 300 ms; a read
-	// that runs out of them (kube-apiserver waiting for a restarting etcd) drops them: "none".
+	// StallAsNoDevicePlugin: the same live read is given 300 ms; a read that runs out of them
+	// (kube-apiserver waiting for a restarting etcd) is answered with an empty list: "none".
 	StallAsNoDevicePlugin = "stall-as-no-device-plugin"
 	// LostAnswerAsDeleted: a client wrapper takes a worker pod DELETE whose answer did not come
 	// from the API server (connection refused or reset, EOF, a gateway's 502 or 503: what a client
@@ -110,6 +109,12 @@ func Plant(cfg *rest.Config, o *app.Options, s Set) {
 	if s[ErrorAsNoPods] {
 		cfg.Wrap(failedListAsEmpty)
 	}
+	if s[ThrottleSkipsDPCheck] {
+		cfg.Wrap(throttledDevicePluginListAsEmpty)
+	}
+	if s[StallAsNoDevicePlugin] {
+		cfg.Wrap(stalledDevicePluginListAsEmpty)
+	}
 	m := &memory{}
 	o.Instrument = func(mo *ctrl.Options) {
 		if s[KeepLeading] && mo.LeaderElectionResourceLockInterface != nil {
@@ -124,12 +129,7 @@ func Plant(cfg *rest.Config, o *app.Options, s Set) {
 			if err != nil {
 				return nil, err
 			}
-			// The live reader is what the manager's APIReader is: the client without the cache.
-			live, err := client.New(cfg, client.Options{HTTPClient: co.HTTPClient, Scheme: co.Scheme, Mapper: co.Mapper})
-			if err != nil {
-				return nil, err
-			}
-			return &seededClient{Client: c, bugs: s, live: live, m: m}, nil
+			return &seededClient{Client: c, bugs: s, m: m}, nil
 		}
 		newCache := mo.NewCache
 		if newCache == nil {
