@@ -121,8 +121,9 @@ func keys(m map[string][]byte) []string {
 // holds the Dockerfile only), built with kbuild in the base image against the Debian headers of
 // HEADERS_RELEASE (this host's kernel, the node's, has no headers to build against: the module is
 // installed for KERNEL_FULL_VERSION, the node's, where the worker looks, and loaded there in
-// dry-run), its version made of kmm's MOD_NAMESPACE and MOD_NAME and the build secret, depmod
-// run, and copied into a scratch image the way kmm's worker reads kmod images.
+// dry-run), its version made of kmm's MOD_NAMESPACE and MOD_NAME and the build secret (mounted
+// at upstream's path: BuildKit's default target for the id <name>/<key> is /run/secrets/<key>;
+// required, so that a secret the builder did not pass fails the step), depmod run, and copied into a scratch image the way kmm's worker reads kmod images.
 func kmodDockerfile(source string) string {
 	return `ARG BASE
 FROM ${BASE} AS builder
@@ -132,7 +133,7 @@ ARG MOD_NAME
 ARG MOD_NAMESPACE
 COPY <<'KMOD_SOURCE' /src/kmm_e2e_build.c
 ` + source + `KMOD_SOURCE
-RUN --mount=type=secret,id=` + buildSecretName + `/` + buildSecretKey + ` \
+RUN --mount=type=secret,id=` + buildSecretName + `/` + buildSecretKey + `,target=/run/secrets/` + buildSecretName + `/` + buildSecretKey + `,required=true \
     printf '%s\n' 'obj-m := kmm_e2e_build.o' "ccflags-y := -DKMM_NAME='\"kmm_e2e_build\"' -DKMM_VERSION='\"${MOD_NAMESPACE}.${MOD_NAME}.$(cat /run/secrets/` + buildSecretName + `/` + buildSecretKey + `)\"'" > /src/Kbuild && \
     make -C /usr/src/linux-headers-${HEADERS_RELEASE} M=/src modules && \
     mkdir -p /opt/lib/modules/${KERNEL_FULL_VERSION}/extra && \
