@@ -23,11 +23,14 @@ import (
 	"github.com/kmm-project/kmm/build"
 )
 
-// brokenDockerfile fails in its RUN step after printing a line.
+// brokenDockerfile fails in its RUN step after printing a line (brokenOutput: upper case, so
+// that it is not found in BuildKit's quote of the command).
 const brokenDockerfile = `ARG BASE
 FROM ${BASE}
-RUN echo "kmm-e2e: the step's own output" && make -C /nonexistent
+RUN echo "kmm-e2e: the step's own output" | tr a-z A-Z && make -C /nonexistent
 `
+
+const brokenOutput = "KMM-E2E: THE STEP'S OWN OUTPUT"
 
 // builderImage builds kmm-builder for this machine's platform into the run's folder.
 func builderImage(logFile string) error {
