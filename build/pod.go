@@ -35,7 +35,9 @@ type Request struct {
 	// BuildArgs are the user's build arguments; kmm's four are added (and win over the user's).
 	BuildArgs []kmmv1beta1.BuildArg
 	// Secrets are mounted at /run/secrets/<name> and given to the build as BuildKit secrets
-	// (RUN --mount=type=secret,id=<name>/<key>, which BuildKit mounts at /run/secrets/<name>/<key>).
+	// <name>/<key>: a RUN step mounts one with --mount=type=secret,id=<name>/<key>, at
+	// /run/secrets/<key> by default (BuildKit's default target is the id's base name), at upstream's
+	// /run/secrets/<name>/<key> with target=/run/secrets/<name>/<key>.
 	Secrets []corev1.LocalObjectReference
 	// PullSecret (a kubernetes.io/dockerconfigjson Secret) gives the push's and the base images'
 	// credentials.

@@ -53,9 +53,13 @@ func run(ctx context.Context, o options, args []string, logOut io.Writer) build.
 		return fail(fmt.Errorf("starting buildkitd: %w", err))
 	}
 	digest, err := buildAndPush(ctx, o, args, work, out)
+	// The log's tail as the build ended: buildkitd's own shutdown lines (a forced shutdown logs a
+	// stack) would otherwise push the failing step out of the tail the result keeps.
+	buildLog := log.String()
 	stop()
 	if err != nil {
-		return fail(err)
+		res.Message, res.Log = err.Error(), buildLog
+		return res
 	}
 	res.Digest = digest
 	return res

@@ -127,6 +127,11 @@ func signPod(m *kmmv1beta1.Module, mic *kmmv1beta1.ModuleImagesConfig, e *kmmv1b
 		UnsignedImageRegistryTLS: e.Sign.UnsignedImageRegistryTLS, Image: e.Image}
 	if e.RegistryTLS != nil {
 		cfg.RegistryTLS = *e.RegistryTLS
+		if e.Build != nil {
+			// The build pushed the unsigned image with these options (buildRequest): read it so.
+			cfg.UnsignedImageRegistryTLS.Insecure = cfg.UnsignedImageRegistryTLS.Insecure || e.RegistryTLS.Insecure
+			cfg.UnsignedImageRegistryTLS.InsecureSkipTLSVerify = cfg.UnsignedImageRegistryTLS.InsecureSkipTLSVerify || e.RegistryTLS.InsecureSkipTLSVerify
+		}
 	}
 	for _, f := range e.Sign.FilesToSign {
 		x, err := mapping.Expand(m, e.KernelVersion, f)

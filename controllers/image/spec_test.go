@@ -1,6 +1,7 @@
 package image
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 
@@ -104,6 +105,35 @@ func TestPods(t *testing.T) {
 	}
 	if len(sp.Name) > contract.MaxLabelValue {
 		t.Fatalf("pod name %q too long", sp.Name)
+	}
+}
+
+// TestSignPodReadsTheBuildAsItWasPushed: the image a build pushed for the sign is read with the
+// registry TLS options the build pushed it with (the mapping's registryTLS), beside the sign's own
+// unsignedImageRegistryTLS; a sign without a build reads its unsignedImage with the latter only.
+func TestSignPodReadsTheBuildAsItWasPushed(t *testing.T) {
+	signConfig := func(m *kmmv1beta1.Module) contract.SignConfig {
+		t.Helper()
+		spec := desiredSpec(m, []corev1.Node{kernelNode("a", "6.1.0-1-amd64", true)}, nil)
+		sp, err := signPod(m, &kmmv1beta1.ModuleImagesConfig{Spec: spec}, &spec.Images[0], 1, "worker:1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var cfg contract.SignConfig
+		if err := json.Unmarshal([]byte(sp.Annotations[contract.AnnotationConfig]), &cfg); err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	m := recipeModule()
+	m.Spec.ModuleLoader.Container.RegistryTLS = kmmv1beta1.TLSOptions{Insecure: true}
+	if cfg := signConfig(m); !cfg.UnsignedImageRegistryTLS.Insecure || !cfg.RegistryTLS.Insecure {
+		t.Errorf("build and sign to a plain-HTTP registry: sign config TLS %+v (unsigned) %+v (signed), want both insecure", cfg.UnsignedImageRegistryTLS, cfg.RegistryTLS)
+	}
+	m.Spec.ModuleLoader.Container.KernelMappings[0].Build = nil
+	m.Spec.ModuleLoader.Container.Sign.UnsignedImage = "other/gpu:$KERNEL_FULL_VERSION"
+	if cfg := signConfig(m); cfg.UnsignedImageRegistryTLS.Insecure {
+		t.Errorf("sign only: the unsigned image is read with %+v, want the sign's own (secure) options", cfg.UnsignedImageRegistryTLS)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"unicode/utf8"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -42,7 +43,20 @@ func (w imageWait) String() string {
 	if w.message == "" {
 		return fmt.Sprintf("%s (%s)", w.image, state)
 	}
-	return fmt.Sprintf("%s (%s: %s)", w.image, state, head(w.message, 512))
+	// The end: a failed build's message is its log's tail, which ends with what failed.
+	return fmt.Sprintf("%s (%s: %s)", w.image, state, lastBytes(w.message, 1024))
+}
+
+// lastBytes is s, or "…" and its last n bytes (whole runes).
+func lastBytes(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	i := len(s) - n
+	for i < len(s) && !utf8.RuneStart(s[i]) {
+		i++
+	}
+	return "…" + s[i:]
 }
 
 // readMIC reads the Module's ModuleImagesConfig when the Module has a recipe (nil otherwise, or

@@ -59,3 +59,14 @@ func TestConditionsOfAnImageWait(t *testing.T) {
 		t.Fatalf("conditions %+v", conds)
 	}
 }
+
+// TestImageWaitKeepsTheMessagesEnd: a failed build's message is the tail of its log, whose end
+// says what failed (the step's output, BuildKit's verdict): the Module's condition keeps that end
+// when it bounds the message, not its first bytes (BuildKit's progress lines).
+func TestImageWaitKeepsTheMessagesEnd(t *testing.T) {
+	msg := "the build failed: " + strings.Repeat("#4 extracting sha256:7a45 26.8s\n", 200) + "0.071 kmm-e2e: the step's own output\nerror: failed to solve"
+	got := imageWait{image: "reg/gpu:1", state: kmmv1beta1.ImageBuildBackOff, message: msg}.String()
+	if !strings.Contains(got, "kmm-e2e: the step's own output\nerror: failed to solve)") || len(got) > 1100 {
+		t.Fatalf("%d bytes: %q, want at most 1100 ending with the message's end", len(got), got)
+	}
+}

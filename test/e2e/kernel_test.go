@@ -170,7 +170,7 @@ func setUpKernel(t *testing.T, c *e2e.Cluster) *kernelEnv {
 	if err := followOperatorLogs(watchCtx, k.cs, c.LogDir(), &wg); err != nil {
 		t.Fatal(err)
 	}
-	installKMM(t, c, cl, "kernel-overlay", managerRef, workerRef, map[string]string{})
+	installKMM(t, c, cl, "kernel-overlay", []string{"kmm-manager=" + managerRef, "kmm-worker=" + workerRef}, map[string]string{})
 	k.waitWebhook(t)
 	tm.add("install from config/ (test/e2e/kernel-overlay, no dry-run) → webhook answering", start)
 	return k

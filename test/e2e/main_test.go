@@ -111,6 +111,13 @@ func (tm *timings) add(step string, since time.Time) {
 	tm.rows = append(tm.rows, [2]string{step, fmt.Sprintf("%.1f s", time.Since(since).Seconds())})
 }
 
+// addSpan records a step measured between two instants (from a watch's timestamps).
+func (tm *timings) addSpan(step string, from, to time.Time) {
+	tm.mu.Lock()
+	defer tm.mu.Unlock()
+	tm.rows = append(tm.rows, [2]string{step, fmt.Sprintf("%.1f s", to.Sub(from).Seconds())})
+}
+
 func (tm *timings) print() {
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 	_, _ = fmt.Fprintln(w, "STEP\tTIME")

@@ -48,7 +48,7 @@ const (
 )
 
 // kernelModules are the kernel module names in the kmod images, per Module.
-var kernelModules = map[string]string{modKmod: "kmm_e2e", modRestart: "kmm_e2e_restart", modLate: "kmm_e2e_late", modDRA: "kmm_e2e_dra"}
+var kernelModules = map[string]string{modKmod: "kmm_e2e", modRestart: "kmm_e2e_restart", modLate: "kmm_e2e_late", modDRA: "kmm_e2e_dra", modVendor: "kmm_e2e_gpu"}
 
 // waitStep bounds each wait of TestKMM; the slowest (a back-off, the operator's restart with its
 // leader election) take 20-30 s.
@@ -69,6 +69,11 @@ type kmmEnv struct {
 	kubectlKMM string
 	sandbox    string
 	pods       *podRecorder
+	// watchCtx and watchWG bound the test's watches.
+	watchCtx context.Context
+	watchWG  *sync.WaitGroup
+	// img is what the build and sign steps share (imagebuild_test.go).
+	img *imageEnv
 }
 
 // kmodimageRef is a kmod image and where a Module names it.
@@ -94,10 +99,15 @@ func TestKMM(t *testing.T) {
 		run  func(*testing.T, *kmmEnv)
 	}{
 		{"the webhook rejects an invalid Module, naming the field", testInvalidModule},
+		{"Modules with build and sign created; the operator builds, signs and loads while the next steps run", testImageModulesCreated},
 		{"a Module with a device plugin loads on the node", testLoad},
 		{"ordered upgrade v1 to v2 by the version label", testOrderedUpgrade},
 		{"the operator pod deleted during a load: the new one resumes", testOperatorRestart},
 		{"a worker that cannot pull backs off, then recovers when the image is pushed", testBackOff},
+		{"build and sign through the operator: BuildKit pod, sign pod, the signed image loaded", testBuildAndSign},
+		{"a failing Dockerfile: ImageFailing with the step's output, one Event per failure", testBrokenDockerfile},
+		{"a GPU vendor's Module with its image present loads with no build or sign pod", testVendorModule},
+		{"the Modules with build and sign deleted", testImageModulesDeleted},
 		{"kubectl kmm status and history", testKubectlKMM},
 		{"a Module with a DRA driver: driver Ready, DeviceClass, dra-ready; ordered upgrade held by an allocated claim", testDRA},
 		{"Modules deleted: unloaded, device plugin, DRA driver, DeviceClass, labels and NMC gone, finalizers released", testDelete},
@@ -135,17 +145,19 @@ func setUpKMM(t *testing.T, c *e2e.Cluster) *kmmEnv {
 		t.Fatalf("node %s reports kernel %q and boot ID %q", k.node, k.kernel, k.bootID)
 	}
 
-	// make images (the slow part) beside the kmod images and kubectl-kmm.
+	// make images (the slow part) beside the kmod images, kubectl-kmm, and what the builds need
+	// (kmm-builder, the base image of Debian gcc and kernel headers).
 	start := time.Now()
 	err = parallel(
 		func() error { return makeImages(filepath.Join(c.LogDir(), "make-images.log")) },
 		func() error { return goBuild(k.kubectlKMM, "./cmd/kubectl-kmm") },
 		func() error { return k.buildKmodImages() },
+		k.prepareBuild,
 	)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tm.add("images: make images (linux/"+runtime.GOARCH+"), 6 kmod images, kubectl-kmm", start)
+	tm.add("images: make images (linux/"+runtime.GOARCH+"), 7 kmod images, kubectl-kmm; kmm-builder and the build base image assembled and pushed", start)
 	start = time.Now()
 	if k.managerRef, err = c.PushLayout("kmm/kmm-manager:e2e", filepath.Join(shared.root, "bin", "images", "kmm-manager")); err != nil {
 		t.Fatal(err)
@@ -153,12 +165,12 @@ func setUpKMM(t *testing.T, c *e2e.Cluster) *kmmEnv {
 	if k.workerRef, err = c.PushLayout("kmm/kmm-worker:e2e", filepath.Join(shared.root, "bin", "images", "kmm-worker")); err != nil {
 		t.Fatal(err)
 	}
-	for _, m := range []string{modKmod + "-v1", modKmod + "-v2", modRestart, modDRA + "-v1", modDRA + "-v2"} {
+	for _, m := range []string{modKmod + "-v1", modKmod + "-v2", modRestart, modDRA + "-v1", modDRA + "-v2", modVendor} {
 		if err := k.kmodImages[m].push(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	tm.add("images pushed (kmm-manager, kmm-worker, 5 of the 6 kmod images)", start)
+	tm.add("images pushed (kmm-manager, kmm-worker, 6 of the 7 kmod images)", start)
 
 	if _, err := k.cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: kmmNamespace}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -166,6 +178,7 @@ func setUpKMM(t *testing.T, c *e2e.Cluster) *kmmEnv {
 	watchCtx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	t.Cleanup(func() { cancel(); wg.Wait() })
+	k.watchCtx, k.watchWG = watchCtx, &wg
 	if k.pods, err = recordPods(watchCtx, k.cs, kmmNamespace, &wg); err != nil {
 		t.Fatal(err)
 	}
@@ -216,7 +229,7 @@ func (k *kmmEnv) buildKmodImages() error {
 	k.kmodImages = map[string]kmodimageRef{}
 	for _, im := range []struct{ key, module, version string }{
 		{modKmod + "-v1", modKmod, "v1"}, {modKmod + "-v2", modKmod, "v2"}, {modRestart, modRestart, "v1"}, {modLate, modLate, "v1"},
-		{modDRA + "-v1", modDRA, "v1"}, {modDRA + "-v2", modDRA, "v2"},
+		{modDRA + "-v1", modDRA, "v1"}, {modDRA + "-v2", modDRA, "v2"}, {modVendor, modVendor, "v1"},
 	} {
 		img, err := kmodimage.Build(tools, kmodimage.Spec{Kernel: k.kernel, Module: kernelModules[im.module], Version: im.version})
 		if err != nil {
@@ -243,21 +256,21 @@ func (k *kmmEnv) buildKmodImages() error {
 // install renders test/e2e/overlay with the values of this run on top (the images, the API
 // server's port, the sandbox folder) and applies it as `make deploy` does (test/install).
 func (k *kmmEnv) install(t *testing.T) {
-	installKMM(t, k.c, k.cl, "overlay", k.managerRef, k.workerRef, map[string]string{
+	installKMM(t, k.c, k.cl, "overlay", []string{"kmm-manager=" + k.managerRef, "kmm-worker=" + k.workerRef, "kmm-builder=" + k.img.builderRef}, map[string]string{
 		"KMM_E2E_SANDBOX": k.sandbox, "KMM_E2E_CONTAINERD_CONFIG_PATH": k.c.ContainerdConfigPath(),
 	})
 }
 
-// installKMM renders the overlay test/e2e/<overlay> with the images, the API server's port and
-// env on top, and applies it as `make deploy` does (test/install); install.log is its output.
-func installKMM(t *testing.T, c *e2e.Cluster, cl client.Client, overlay, managerRef, workerRef string, env map[string]string) {
+// installKMM renders the overlay test/e2e/<overlay> with the images (kustomize's name=reference),
+// the API server's port and env on top, and applies it as `make deploy` does (test/install);
+// install.log is its output.
+func installKMM(t *testing.T, c *e2e.Cluster, cl client.Client, overlay string, images []string, env map[string]string) {
 	ctx := context.Background()
 	kustomize, err := install.Kustomize(shared.root)
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir, err := install.Overlay(ctx, kustomize, filepath.Join(shared.root, "test", "e2e", overlay), t.TempDir(),
-		[]string{"kmm-manager=" + managerRef, "kmm-worker=" + workerRef})
+	dir, err := install.Overlay(ctx, kustomize, filepath.Join(shared.root, "test", "e2e", overlay), t.TempDir(), images)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -713,6 +726,12 @@ func testDelete(t *testing.T, k *kmmEnv) {
 // pair is the NMC status entry of a Module of kmmNamespace on the node (nil when none).
 func (k *kmmEnv) pair(t *testing.T, name string) *kmmv1beta1.NodeModuleStatus {
 	t.Helper()
+	return k.pairIn(t, kmmNamespace, name)
+}
+
+// pairIn is the NMC status entry of a Module of namespace ns on the node (nil when none).
+func (k *kmmEnv) pairIn(t *testing.T, ns, name string) *kmmv1beta1.NodeModuleStatus {
+	t.Helper()
 	nmc := &kmmv1beta1.NodeModulesConfig{}
 	if err := k.cl.Get(context.Background(), client.ObjectKey{Name: k.node}, nmc); err != nil {
 		if !apierrors.IsNotFound(err) {
@@ -720,7 +739,7 @@ func (k *kmmEnv) pair(t *testing.T, name string) *kmmv1beta1.NodeModuleStatus {
 		}
 		return nil
 	}
-	return nmc.StatusEntry(kmmNamespace, name)
+	return nmc.StatusEntry(ns, name)
 }
 
 // waitLoaded waits until the Module's pair is Loaded with version and returns its status entry.

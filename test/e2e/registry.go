@@ -14,8 +14,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -26,9 +28,19 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 )
 
+// The registry's private repositories: those under PrivatePrefix answer only requests carrying
+// PrivateUser:PrivatePassword (HTTP basic authentication), the others anyone. Nothing the node's
+// containerd pulls lives there; kmm's build, sign and worker pods reach it with a Module's
+// imageRepoSecret.
+const (
+	PrivatePrefix   = "private/"
+	PrivateUser     = "kmm-e2e"
+	PrivatePassword = "e2e-registry-password" //nolint:gosec // G101: the test registry's own password
+)
+
 // imageRegistry is an in-process OCI registry (go-containerregistry's) on 127.0.0.1 and on the
 // node IP, same port: containerd pulls from either; a pod outside the host network reaches only
-// the node IP.
+// the node IP. Its repositories under PrivatePrefix need credentials (privateRepositories).
 type imageRegistry struct {
 	server *http.Server
 	port   int
@@ -52,13 +64,35 @@ func startRegistry(logDir, nodeIP string) (*imageRegistry, error) {
 		return nil, err
 	}
 	r := &imageRegistry{port: port, log: logf, server: &http.Server{
-		Handler:           registry.New(registry.Logger(log.New(logf, "", log.LstdFlags))),
+		Handler:           privateRepositories(registry.New(registry.Logger(log.New(logf, "", log.LstdFlags)))),
 		ReadHeaderTimeout: 10 * time.Second,
 	}}
 	for _, lis := range []net.Listener{l, ln} {
 		go func() { _ = r.server.Serve(lis) }()
 	}
 	return r, nil
+}
+
+// privateRepositories answers 401 with a Basic challenge to a request for a repository under
+// PrivatePrefix that lacks PrivateUser:PrivatePassword; everything else goes to next.
+func privateRepositories(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/v2/"+PrivatePrefix) {
+			if u, p, ok := r.BasicAuth(); !ok || u != PrivateUser || p != PrivatePassword {
+				w.Header().Set("WWW-Authenticate", `Basic realm="kmm-e2e"`)
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusUnauthorized)
+				_, _ = io.WriteString(w, `{"errors":[{"code":"UNAUTHORIZED","message":"authentication required"}]}`)
+				return
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// PrivateAuth is the credential of the registry's private repositories.
+func PrivateAuth() authn.Authenticator {
+	return &authn.Basic{Username: PrivateUser, Password: PrivatePassword}
 }
 
 func (r *imageRegistry) stop() error {
@@ -78,10 +112,11 @@ func (r *imageRegistry) push(repoTag string, img v1.Image, index v1.ImageIndex) 
 	if err != nil {
 		return "", err
 	}
+	auth := remote.WithAuth(PrivateAuth()) // the private repositories' credentials; the others ignore them
 	if index != nil {
-		err = remote.WriteIndex(ref, index)
+		err = remote.WriteIndex(ref, index, auth)
 	} else {
-		err = remote.Write(ref, img)
+		err = remote.Write(ref, img, auth)
 	}
 	if err != nil {
 		return "", fmt.Errorf("pushing %s: %w", full, err)

@@ -1,8 +1,14 @@
 package e2e
 
 import (
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 
+	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
@@ -63,4 +69,36 @@ func digest(t *testing.T, d interface{ Digest() (v1.Hash, error) }) string {
 		t.Fatal(err)
 	}
 	return h.String()
+}
+
+// TestPrivateRepositories: a request for a repository under PrivatePrefix without the credentials
+// is refused with a Basic challenge (which BuildKit, containerd and go-containerregistry answer
+// with a Module's pull secret); with them, and for the other repositories, the registry answers.
+func TestPrivateRepositories(t *testing.T) {
+	srv := httptest.NewServer(privateRepositories(registry.New(registry.Logger(log.New(io.Discard, "", 0)))))
+	defer srv.Close()
+	head := func(path string, auth bool) *http.Response {
+		req, err := http.NewRequest(http.MethodHead, srv.URL+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if auth {
+			req.SetBasicAuth(PrivateUser, PrivatePassword)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		return resp
+	}
+	if r := head("/v2/"+PrivatePrefix+"kmod/manifests/v1", false); r.StatusCode != http.StatusUnauthorized || !strings.HasPrefix(r.Header.Get("WWW-Authenticate"), "Basic ") {
+		t.Errorf("anonymous request for a private repository: %s, challenge %q; want 401 with a Basic challenge", r.Status, r.Header.Get("WWW-Authenticate"))
+	}
+	if r := head("/v2/"+PrivatePrefix+"kmod/manifests/v1", true); r.StatusCode != http.StatusNotFound {
+		t.Errorf("authenticated request for a missing private image: %s, want 404 from the registry", r.Status)
+	}
+	if r := head("/v2/kmm-e2e/kmod/manifests/v1", false); r.StatusCode != http.StatusNotFound {
+		t.Errorf("anonymous request for a public repository: %s, want 404 from the registry", r.Status)
+	}
 }
