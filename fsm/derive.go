@@ -38,6 +38,9 @@ func deriveAbsent(f *Facts) (Trigger, bool) {
 
 func deriveLoading(f *Facts) (Trigger, bool) {
 	if f.currentLoader() && f.workerFinished() {
+		if f.loadedByFailedHook() {
+			return HookFailed, true
+		}
 		if f.Worker.Phase == PodFailed {
 			return WorkerFailed, true
 		}
@@ -94,6 +97,9 @@ func deriveLoadBackOff(f *Facts) (Trigger, bool) {
 	}
 	if f.lateReloadUnloaded() {
 		return WorkerFailed, true // a timed-out reload unloaded the old config after all, then failed
+	}
+	if f.lateHookLoaded() {
+		return WorkerFailed, true // a timed-out load loaded after all, then its postLoad hook failed
 	}
 	if !f.nodeUsable() {
 		return "", false
@@ -162,6 +168,9 @@ func deriveDevicePluginDraining(f *Facts) (Trigger, bool) {
 
 func deriveUnloading(f *Facts) (Trigger, bool) {
 	if f.currentWorker(contract.ActionUnload) && f.workerFinished() {
+		if f.Worker.Phase == PodFailed && f.Worker.Result.Reason == ReasonPreUnloadHookFailed {
+			return HookFailed, true
+		}
 		if f.Worker.Phase == PodFailed {
 			return WorkerFailed, true
 		}

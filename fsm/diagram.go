@@ -95,4 +95,4 @@ func DiagramFiles() map[string]string {
 
 // AllTriggers lists every trigger.
 var AllTriggers = []Trigger{SpecSet, SpecChanged, SpecRemoved, SpecRestored, KernelChanged, NodeRebooted,
-	WorkerSucceeded, WorkerFailed, WorkerTimedOut, WorkerRejected, BackOffExpired, UpgradeRequested, DevicePluginGone, ClaimsAllocated, UpgradeAbandoned, Adopted}
+	WorkerSucceeded, WorkerFailed, HookFailed, WorkerTimedOut, WorkerRejected, BackOffExpired, UpgradeRequested, DevicePluginGone, ClaimsAllocated, UpgradeAbandoned, Adopted}

@@ -104,6 +104,7 @@ func Step(f Facts) Result {
 			break
 		}
 	}
+	recordHooks(&st, &f)
 	recordDrain(&st, &f, nil)
 	f.Status = st
 	drain := planDrain(&f)
@@ -161,6 +162,14 @@ func recordOutcome(st *kmmv1beta1.NodeModuleStatus, t Trigger, from State, f *Fa
 		recordUnloaded(st, f)
 	case t == Adopted:
 		recordAdopted(st, f)
+	case (t == HookFailed || t == WorkerFailed) && f.loadedByFailedHook() && (from == Loading || from == LoadBackOff):
+		// The load succeeded and its postLoad hook failed: the module is in the kernel.
+		attempts := st.Attempts
+		recordLoaded(st, f)
+		st.Attempts = attempts
+		if from != LoadBackOff {
+			st.Attempts++
+		}
 	case t == WorkerFailed && f.reloadUnloadedPrevious():
 		// The reload's unload half succeeded: nothing is loaded, as after a failed load. (From
 		// LoadBackOff it is the late end of an attempt its time-out counted already.)
@@ -195,6 +204,18 @@ func recordLoaded(st *kmmv1beta1.NodeModuleStatus, f *Facts) {
 	st.Attempts = 0
 }
 
+// recordHooks keeps the hooks of the spec entry beside a loaded config: an unload runs the
+// preUnload hook of the spec entry while there is one (a fixed hook is the next attempt's), else the
+// one recorded while the entry existed (the Module was deleted).
+func recordHooks(st *kmmv1beta1.NodeModuleStatus, f *Facts) {
+	switch {
+	case st.Config == nil:
+		st.Hooks = nil
+	case f.Spec != nil:
+		st.Hooks = f.Spec.Hooks.DeepCopy()
+	}
+}
+
 func recordUnloaded(st *kmmv1beta1.NodeModuleStatus, f *Facts) {
 	st.Config, st.ServiceAccountName, st.ImageRepoSecret, st.Tolerations = nil, "", nil, nil
 	st.BootID, st.ImageDigest = "", ""
@@ -207,7 +228,7 @@ func recordUnloaded(st *kmmv1beta1.NodeModuleStatus, f *Facts) {
 // status.reason says ImagePull, InvalidConfig, TimedOut, ... as data), else the trigger.
 func reasonFor(t Trigger, f *Facts) string {
 	switch t {
-	case WorkerFailed:
+	case WorkerFailed, HookFailed:
 		if r := f.Worker.Result.Reason; r != "" {
 			return string(r)
 		}
@@ -235,6 +256,9 @@ func messageFor(t Trigger, f *Facts) string {
 			msg = "the " + string(f.Worker.Action) + " worker failed"
 		}
 		return reloadHalf(f) + msg
+	case HookFailed:
+		// The tail of the hook's log (or its termination message).
+		return f.Worker.Result.Message
 	case WorkerTimedOut:
 		return "worker pod did not finish within " + f.workerTimeout().String() + ": deleting it and backing off"
 	case WorkerRejected:
