@@ -12,7 +12,7 @@ import (
 
 func hooks(tag string) *kmmv1beta1.ModuleHooks {
 	h := func(arg string) *kmmv1beta1.ModuleHook {
-		return &kmmv1beta1.ModuleHook{ValidationContainerSpec: kmmv1beta1.ValidationContainerSpec{Image: "reg/hooks:" + tag, Args: []string{arg}}}
+		return &kmmv1beta1.ModuleHook{Image: "reg/hooks:" + tag, Args: []string{arg}}
 	}
 	return &kmmv1beta1.ModuleHooks{PostLoad: h("post-load"), PreUnload: h("pre-unload")}
 }

@@ -362,8 +362,8 @@ func (w *world) moduleObject(key string) *kmmv1beta1.Module {
 	}
 	if w.hooked(key) {
 		m.Spec.ModuleLoader.Hooks = &kmmv1beta1.ModuleHooks{
-			PostLoad:  &kmmv1beta1.ModuleHook{ValidationContainerSpec: kmmv1beta1.ValidationContainerSpec{Image: "reg.example.com/hooks:1", Args: []string{"post-load"}}},
-			PreUnload: &kmmv1beta1.ModuleHook{ValidationContainerSpec: kmmv1beta1.ValidationContainerSpec{Image: "reg.example.com/hooks:1", Args: []string{"pre-unload"}}},
+			PostLoad:  &kmmv1beta1.ModuleHook{Image: "reg.example.com/hooks:1", Args: []string{"post-load"}},
+			PreUnload: &kmmv1beta1.ModuleHook{Image: "reg.example.com/hooks:1", Args: []string{"pre-unload"}},
 		}
 	}
 	return m

@@ -225,18 +225,48 @@ type ModuleHooks struct {
 // read-only root file system, unless Privileged. It sees the node's /lib/modules read-only and
 // the pod's /tmp, shared with the worker, and the host paths it names.
 type ModuleHook struct {
-	ValidationContainerSpec `json:",inline"`
+	// Image of the hook container, pulled by the kubelet (with the Module's imageRepoSecret).
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=1024
+	Image string `json:"image"`
+
+	// Command overrides the image's entrypoint.
+	// +optional
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=4096
+	Command []string `json:"command,omitempty"`
+
+	// Args overrides the image's command.
+	// +optional
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=4096
+	Args []string `json:"args,omitempty"`
+
+	// Env are environment variables of the hook (kmm adds KMM_NODE_NAME, KMM_MODULE_NAME,
+	// KMM_KERNEL_VERSION and KMM_MODULE_VERSION before them).
+	// +optional
+	// +kubebuilder:validation:MaxItems=64
+	Env []corev1.EnvVar `json:"env,omitempty"`
+
+	// ImagePullPolicy of the image.
+	// +kubebuilder:validation:Enum=Always;IfNotPresent;Never
+	// +optional
+	ImagePullPolicy corev1.PullPolicy `json:"imagePullPolicy,omitempty"`
+
+	// Resources of the hook container.
+	// +optional
+	Resources corev1.ResourceRequirements `json:"resources,omitempty"`
 
 	// Privileged runs the hook as a privileged container (e.g. to write sysfs).
 	// +optional
 	Privileged bool `json:"privileged,omitempty"`
 
-	// HostPaths are node directories mounted read-write into the hook at the same path, under
-	// /dev, /sys, /var, /opt or /run (the device plugin's prefixes), without '..'.
+	// HostPaths are node directories mounted read-write into the hook at the same path: under
+	// /dev, /sys, /var, /opt or /run (the device plugin's prefixes), no "." or ".." segment.
 	// +optional
 	// +kubebuilder:validation:MaxItems=8
 	// +kubebuilder:validation:items:MaxLength=256
-	// +kubebuilder:validation:XValidation:rule="self.all(p, !p.contains('..') && ['/dev', '/sys', '/var', '/opt', '/run'].exists(r, p == r || p.startsWith(r + '/')))",message="a hook may mount host paths only under /dev, /sys, /var, /opt or /run, without '..'"
+	// +kubebuilder:validation:items:Pattern=`^/(dev|sys|var|opt|run)(/([^/.][^/]*|\.[^/.][^/]*|\.\.[^/]+))*$`
 	// +listType=set
 	HostPaths []string `json:"hostPaths,omitempty"`
 }
@@ -473,7 +503,6 @@ type ValidationSpec struct {
 type ValidationContainerSpec struct {
 	// Image of the container.
 	// +kubebuilder:validation:MinLength=1
-	// +kubebuilder:validation:MaxLength=1024
 	Image string `json:"image"`
 
 	// Command overrides the image's entrypoint.

@@ -15,7 +15,7 @@ func hookedIntent(action contract.Action) *fsm.WorkerIntent {
 	in := intent("", true)
 	in.Action = action
 	hook := func(arg string) *kmmv1beta1.ModuleHook {
-		return &kmmv1beta1.ModuleHook{ValidationContainerSpec: kmmv1beta1.ValidationContainerSpec{Image: "reg/hooks:1", Args: []string{arg}},
+		return &kmmv1beta1.ModuleHook{Image: "reg/hooks:1", Args: []string{arg},
 			HostPaths: []string{"/sys/bus/pci"}}
 	}
 	in.Entry.Hooks = &kmmv1beta1.ModuleHooks{PostLoad: hook("post-load"), PreUnload: hook("pre-unload")}
