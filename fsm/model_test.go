@@ -1225,16 +1225,15 @@ func (w *world) check() {
 	}
 }
 
-// checkHooks is the postLoad hook's property: a node carries a Module's ready label (its device
-// plugin may start) only while the postLoad hook succeeded since the module was loaded, unless the
-// label stays for allocated ResourceClaims of its DRA driver (claimsKeepDriver).
+// checkHooks is the postLoad hook's property: a pair is Loaded (its ready label goes on, its device
+// plugin may start, a rollout counts it) only when its postLoad hook succeeded since the kernel
+// loaded the module. (The ready label itself may stay for allocated ResourceClaims of its DRA
+// driver, claimsKeepDriver, and lags a step behind the record: the record is what is checked.)
 func (w *world) checkHooks() {
 	for _, n := range w.cfg.nodes {
 		for _, key := range w.cfg.modules {
-			ns, name := splitKey(key)
-			pair := n + "/" + key
-			if _, ok := w.nodes[n].labels[kmmv1beta1.ReadyLabel(ns, name)]; ok && w.unhooked[pair] && !w.claims[pair] {
-				w.violate("hooks: %s on %s has its ready label, its postLoad hook has not succeeded since the load", key, n)
+			if st, ok := w.nmcs[n].status[key]; ok && st.State == Loaded && w.unhooked[n+"/"+key] {
+				w.violate("hooks: %s on %s is Loaded, its postLoad hook has not succeeded since the load", key, n)
 			}
 		}
 	}
