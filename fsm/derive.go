@@ -38,14 +38,7 @@ func deriveAbsent(f *Facts) (Trigger, bool) {
 
 func deriveLoading(f *Facts) (Trigger, bool) {
 	if f.currentLoader() && f.workerFinished() {
-		if f.loadedByFailedHook() {
-			return HookFailed, true
-		}
-		if f.Worker.Phase == PodFailed {
-			return WorkerFailed, true
-		}
-		// A success reported in another boot is stale: the module is not loaded in this one.
-		return WorkerSucceeded, f.Worker.Result.BootID == "" || f.Worker.Result.BootID == f.Node.BootID
+		return loaderFinished(f)
 	}
 	if f.currentLoader() && f.workerOverdue() {
 		return WorkerTimedOut, true
@@ -65,6 +58,18 @@ func deriveLoading(f *Facts) (Trigger, bool) {
 	// The spec is for this kernel: a config no worker can act on, a pod the API server refused, or a
 	// service account kmm could not read fails the attempt without a pod.
 	return WorkerRejected, f.specProblem() != nil || f.refused(contract.ActionLoad) || f.refused(contract.ActionReload)
+}
+
+// loaderFinished is the outcome of the current load (or reload) pod, which finished.
+func loaderFinished(f *Facts) (Trigger, bool) {
+	switch {
+	case f.loadedByFailedHook():
+		return HookFailed, true
+	case f.Worker.Phase == PodFailed:
+		return WorkerFailed, true
+	}
+	// A success reported in another boot is stale: the module is not loaded in this one.
+	return WorkerSucceeded, f.Worker.Result.BootID == "" || f.Worker.Result.BootID == f.Node.BootID
 }
 
 // unloadFirst is rule 4 for a pair that may still have an old config loaded (a reload after a

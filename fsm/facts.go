@@ -242,8 +242,19 @@ func (f *Facts) reloadable() bool {
 		return false
 	}
 	return s.Config.Version == "" && st.Config.Version == "" && !f.upgradeRequested() && s.Hooks == nil && st.Hooks == nil &&
-		!f.DevicePluginRunning && len(f.remainingWorkloads()) == 0 && len(f.Claims) == 0 && f.specProblem() == nil &&
-		s.ServiceAccountName == st.ServiceAccountName && semantic.Equal(s.ImageRepoSecret, st.ImageRepoSecret) &&
+		f.nothingBetweenUnloadAndLoad() && f.specProblem() == nil && f.samePodSettings()
+}
+
+// nothingBetweenUnloadAndLoad: no device plugin pod, workload or ResourceClaim must go between an
+// unload and a load.
+func (f *Facts) nothingBetweenUnloadAndLoad() bool {
+	return !f.DevicePluginRunning && len(f.remainingWorkloads()) == 0 && len(f.Claims) == 0
+}
+
+// samePodSettings: the spec entry's pod settings are those recorded for the loaded config.
+func (f *Facts) samePodSettings() bool {
+	s, st := f.Spec, &f.Status
+	return s.ServiceAccountName == st.ServiceAccountName && semantic.Equal(s.ImageRepoSecret, st.ImageRepoSecret) &&
 		sameTolerations(s.Tolerations, st.Tolerations)
 }
 

@@ -155,6 +155,9 @@ func record(st *kmmv1beta1.NodeModuleStatus, t Trigger, to State, f *Facts) kmmv
 // recordOutcome records what a transition from state from says about the kernel: a config loaded
 // or unloaded, an adopted record, a failed attempt, or a reboot that unloaded everything.
 func recordOutcome(st *kmmv1beta1.NodeModuleStatus, t Trigger, from State, f *Facts) {
+	if recordedFailedLoad(st, t, from, f) {
+		return
+	}
 	switch {
 	case t == WorkerSucceeded && (from == Loading || from == LoadBackOff):
 		recordLoaded(st, f)
@@ -162,29 +165,38 @@ func recordOutcome(st *kmmv1beta1.NodeModuleStatus, t Trigger, from State, f *Fa
 		recordUnloaded(st, f)
 	case t == Adopted:
 		recordAdopted(st, f)
-	case (t == HookFailed || t == WorkerFailed) && f.loadedByFailedHook() && (from == Loading || from == LoadBackOff):
-		// The load succeeded and its postLoad hook failed: the module is in the kernel.
-		attempts := st.Attempts
-		recordLoaded(st, f)
-		st.Attempts = attempts
-		if from != LoadBackOff {
-			st.Attempts++
-		}
-	case t == WorkerFailed && f.reloadUnloadedPrevious():
-		// The reload's unload half succeeded: nothing is loaded, as after a failed load. (From
-		// LoadBackOff it is the late end of an attempt its time-out counted already.)
-		attempts := st.Attempts
-		recordUnloaded(st, f)
-		st.Attempts = attempts
-		if from != LoadBackOff {
-			st.Attempts++
-		}
 	case IsFailure(t):
 		st.Attempts++
 	case t == NodeRebooted && (f.rebootedByBootID() || !f.statusKernelMatches()):
 		// Nothing survives a reboot: the record says so, and a reload starts afresh.
 		recordUnloaded(st, f)
 		st.LastWorkerTime = nil
+	}
+}
+
+// recordedFailedLoad records a failed load that changed the kernel, and says whether t was one.
+func recordedFailedLoad(st *kmmv1beta1.NodeModuleStatus, t Trigger, from State, f *Facts) bool {
+	switch {
+	case (t == HookFailed || t == WorkerFailed) && f.loadedByFailedHook() && (from == Loading || from == LoadBackOff):
+		// The load succeeded and its postLoad hook failed: the module is in the kernel.
+		recordFailedLoad(st, from, func() { recordLoaded(st, f) })
+	case t == WorkerFailed && f.reloadUnloadedPrevious():
+		// The reload's unload half succeeded: nothing is loaded, as after a failed load.
+		recordFailedLoad(st, from, func() { recordUnloaded(st, f) })
+	default:
+		return false
+	}
+	return true
+}
+
+// recordFailedLoad records what a failed load left in the kernel (record) and counts the failure,
+// unless it is the late end of an attempt whose time-out LoadBackOff counted already.
+func recordFailedLoad(st *kmmv1beta1.NodeModuleStatus, from State, record func()) {
+	attempts := st.Attempts
+	record()
+	st.Attempts = attempts
+	if from != LoadBackOff {
+		st.Attempts++
 	}
 }
 
