@@ -39,6 +39,11 @@ const (
 	AnnotationAttempt = "kmm.sigs.x-k8s.io/attempt"
 	// ContainerName is the name of the worker container.
 	ContainerName = "worker"
+	// PostLoadHookContainer is the container of a Module's postLoad hook in a load pod (the worker
+	// is then the pod's init container).
+	PostLoadHookContainer = "post-load-hook"
+	// PreUnloadHookContainer is the init container of a Module's preUnload hook in an unload pod.
+	PreUnloadHookContainer = "pre-unload-hook"
 	// ConfigFile is where the worker container finds its config.
 	ConfigFile = "/etc/kmm/config.json"
 )

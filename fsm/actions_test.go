@@ -180,6 +180,12 @@ var modelActions = []action{
 			w.finishPod(p, false)
 		}
 	}},
+	// HookFails fails the hook of a running pod of a Module with hooks.
+	{name: "HookFails", in: func(cfg *worldConfig) bool { return cfg.hooks }, run: func(w *world, c chooser) {
+		if p := runningPod(w, c); p != nil {
+			w.failHook(p)
+		}
+	}},
 	// ReloadLoadHalfFails ends a running reload pod whose unload half succeeded and whose load
 	// half failed (WorkerFails fails a reload's unload half).
 	{name: "ReloadLoadHalfFails", run: func(w *world, c chooser) {

@@ -189,6 +189,11 @@ func (w *world) hash() stateHash {
 	sortedRange(w.dpPods, func(k string, _ bool) { c.str(k) })
 	c.b = append(c.b, '|')
 	sortedRange(w.claims, func(k string, _ bool) { c.str(k) })
+	c.b = append(c.b, '|')
+	sortedRange(w.unhooked, func(k string, v bool) {
+		c.str(k)
+		c.flag(v)
+	})
 	c.b = append(c.b, '#')
 	for _, s := range w.history[:len(w.history)-1] {
 		for _, n := range w.cfg.nodes {

@@ -38,11 +38,7 @@ func deriveAbsent(f *Facts) (Trigger, bool) {
 
 func deriveLoading(f *Facts) (Trigger, bool) {
 	if f.currentLoader() && f.workerFinished() {
-		if f.Worker.Phase == PodFailed {
-			return WorkerFailed, true
-		}
-		// A success reported in another boot is stale: the module is not loaded in this one.
-		return WorkerSucceeded, f.Worker.Result.BootID == "" || f.Worker.Result.BootID == f.Node.BootID
+		return loaderFinished(f)
 	}
 	if f.currentLoader() && f.workerOverdue() {
 		return WorkerTimedOut, true
@@ -62,6 +58,18 @@ func deriveLoading(f *Facts) (Trigger, bool) {
 	// The spec is for this kernel: a config no worker can act on, a pod the API server refused, or a
 	// service account kmm could not read fails the attempt without a pod.
 	return WorkerRejected, f.specProblem() != nil || f.refused(contract.ActionLoad) || f.refused(contract.ActionReload)
+}
+
+// loaderFinished is the outcome of the current load (or reload) pod, which finished.
+func loaderFinished(f *Facts) (Trigger, bool) {
+	switch {
+	case f.loadedByFailedHook():
+		return HookFailed, true
+	case f.Worker.Phase == PodFailed:
+		return WorkerFailed, true
+	}
+	// A success reported in another boot is stale: the module is not loaded in this one.
+	return WorkerSucceeded, f.Worker.Result.BootID == "" || f.Worker.Result.BootID == f.Node.BootID
 }
 
 // unloadFirst is rule 4 for a pair that may still have an old config loaded (a reload after a
@@ -94,6 +102,9 @@ func deriveLoadBackOff(f *Facts) (Trigger, bool) {
 	}
 	if f.lateReloadUnloaded() {
 		return WorkerFailed, true // a timed-out reload unloaded the old config after all, then failed
+	}
+	if f.lateHookLoaded() {
+		return WorkerFailed, true // a timed-out load loaded after all, then its postLoad hook failed
 	}
 	if !f.nodeUsable() {
 		return "", false
@@ -162,6 +173,9 @@ func deriveDevicePluginDraining(f *Facts) (Trigger, bool) {
 
 func deriveUnloading(f *Facts) (Trigger, bool) {
 	if f.currentWorker(contract.ActionUnload) && f.workerFinished() {
+		if f.Worker.Phase == PodFailed && f.Worker.Result.Reason == ReasonPreUnloadHookFailed {
+			return HookFailed, true
+		}
 		if f.Worker.Phase == PodFailed {
 			return WorkerFailed, true
 		}

@@ -51,8 +51,11 @@ var StateDescriptions = map[State]string{
 		"exponential back-off (10 s doubling up to 5 min) the pair retries, whatever the worker said; a " +
 		"config refused as invalid (reason InvalidConfig) is not retried until the spec entry changes. " +
 		"A spec entry that replaces the failed config retries at once; a removed entry or another " +
-		"kernel returns it to Absent.",
-	UnloadBackOff: "The last unload failed (for example the module is in use), or its pod ran past the " +
+		"kernel returns it to Absent. HookFailed: the worker loaded the module and the Module's " +
+		"postLoad hook failed (reason PostLoadHookFailed): the module is recorded as loaded, and the " +
+		"retry runs the load pod, hook included, again.",
+	UnloadBackOff: "The last unload failed (for example the module is in use), its preUnload hook " +
+		"failed before the worker ran (HookFailed, reason PreUnloadHookFailed: the module stays loaded), or its pod ran past the " +
 		"worker timeout. After the back-off it retries. A reboot unloads everything, so the pair becomes " +
 		"Absent; a spec entry equal to the loaded config again returns it to Loaded. An unload pod that " +
 		"timed out but succeeded after all (its deletion lost the race) ends the unload: Absent, or " +
@@ -95,4 +98,4 @@ func DiagramFiles() map[string]string {
 
 // AllTriggers lists every trigger.
 var AllTriggers = []Trigger{SpecSet, SpecChanged, SpecRemoved, SpecRestored, KernelChanged, NodeRebooted,
-	WorkerSucceeded, WorkerFailed, WorkerTimedOut, WorkerRejected, BackOffExpired, UpgradeRequested, DevicePluginGone, ClaimsAllocated, UpgradeAbandoned, Adopted}
+	WorkerSucceeded, WorkerFailed, HookFailed, WorkerTimedOut, WorkerRejected, BackOffExpired, UpgradeRequested, DevicePluginGone, ClaimsAllocated, UpgradeAbandoned, Adopted}

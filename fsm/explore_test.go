@@ -41,6 +41,13 @@ var exploreSpecs = []exploreSpec{
 		depth: 3,
 	},
 	{
+		cfg: worldConfig{name: "1 node x 1 versioned Module with postLoad and preUnload hooks (device plugin, drain)",
+			nodes: []string{"n0"}, modules: []string{modVersion}, kernels: []string{kernelA, kernelB, kernelNoMap},
+			drain: true, history: 2, hooks: true},
+		roots: []startingWorld{rootFresh, rootAllLoaded, rootUpgradeAsked, rootUpgrading},
+		depth: 4,
+	},
+	{
 		cfg: worldConfig{name: "1 node x 2 Modules with DRA drivers (ResourceClaims, drain)", nodes: []string{"n0"}, modules: []string{modPlain, modVersion},
 			kernels: []string{kernelA, kernelB, kernelNoMap}, drain: true, history: 2, dra: true},
 		roots: []startingWorld{rootClaimed, rootAllLoaded, rootReloading, rootUpgradeAsked, rootUpgrading},

@@ -90,6 +90,13 @@ const (
 	ReasonServiceAccountUnreadable = "ServiceAccountUnreadable"
 	// ReasonTimedOut: the worker pod did not finish within the worker timeout.
 	ReasonTimedOut = "TimedOut"
+	// ReasonPostLoadHookFailed: the worker loaded the module and the Module's postLoad hook then
+	// failed; the module is loaded (the record says so) and the pair backs off, then runs the load
+	// pod, hook included, again.
+	ReasonPostLoadHookFailed = "PostLoadHookFailed"
+	// ReasonPreUnloadHookFailed: the Module's preUnload hook failed, so the unload worker never
+	// ran; the module stays loaded and the pair backs off, then tries the hook again.
+	ReasonPreUnloadHookFailed = "PreUnloadHookFailed"
 )
 
 // Node is what the NMC decision reads of a node.
@@ -222,7 +229,8 @@ func (f *Facts) upgradeInProgress() bool {
 	return f.Node.UpgradeTarget != "" && f.Node.UpgradeTarget != f.loadedVersion()
 }
 
-// reloadable says whether the loaded config may be replaced by the spec's in one worker run that
+// reloadable (a Module without hooks: a hooked one runs its preUnload and postLoad hooks around
+// separate unload and load pods) says whether the loaded config may be replaced by the spec's in one worker run that
 // unloads the one and loads the other (an image bump): both are for the node's kernel, neither is
 // versioned (an ordered upgrade keeps seed 002's flow), nothing is to be drained between them (no
 // device plugin pod of the module on the node, no workload an upgrade drain selects), the spec's
@@ -233,10 +241,36 @@ func (f *Facts) reloadable() bool {
 	if s == nil || !f.needsUnload() || !f.specKernelMatches() || !f.statusKernelMatches() {
 		return false
 	}
-	return s.Config.Version == "" && st.Config.Version == "" && !f.upgradeRequested() &&
-		!f.DevicePluginRunning && len(f.remainingWorkloads()) == 0 && len(f.Claims) == 0 && f.specProblem() == nil &&
-		s.ServiceAccountName == st.ServiceAccountName && semantic.Equal(s.ImageRepoSecret, st.ImageRepoSecret) &&
+	return s.Config.Version == "" && st.Config.Version == "" && !f.upgradeRequested() && s.Hooks == nil && st.Hooks == nil &&
+		f.nothingBetweenUnloadAndLoad() && f.specProblem() == nil && f.samePodSettings()
+}
+
+// nothingBetweenUnloadAndLoad: no device plugin pod, workload or ResourceClaim must go between an
+// unload and a load.
+func (f *Facts) nothingBetweenUnloadAndLoad() bool {
+	return !f.DevicePluginRunning && len(f.remainingWorkloads()) == 0 && len(f.Claims) == 0
+}
+
+// samePodSettings: the spec entry's pod settings are those recorded for the loaded config.
+func (f *Facts) samePodSettings() bool {
+	s, st := f.Spec, &f.Status
+	return s.ServiceAccountName == st.ServiceAccountName && semantic.Equal(s.ImageRepoSecret, st.ImageRepoSecret) &&
 		sameTolerations(s.Tolerations, st.Tolerations)
+}
+
+// loadedByFailedHook says whether the pair's failed worker pod loaded its config in this boot and
+// then failed on its postLoad hook: the module is in the kernel.
+func (f *Facts) loadedByFailedHook() bool {
+	r := f.Worker.Result
+	return f.Worker.Phase == PodFailed && r.Reason == ReasonPostLoadHookFailed && f.Worker.Action == contract.ActionLoad &&
+		(r.BootID == "" || r.BootID == f.Node.BootID)
+}
+
+// lateHookLoaded says whether the load pod whose time-out the status counts last ended after all,
+// having loaded the config and failed on its postLoad hook, while the record names nothing loaded.
+func (f *Facts) lateHookLoaded() bool {
+	return f.Status.Reason == ReasonTimedOut && f.Status.Config == nil && f.Worker.Attempt == f.Status.Attempts-1 &&
+		f.loadedByFailedHook()
 }
 
 // sameTolerations compares the spec's tolerations with those recorded from the admitted pod,

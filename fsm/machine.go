@@ -50,6 +50,10 @@ const (
 	WorkerSucceeded Trigger = "WorkerSucceeded"
 	// WorkerFailed: the pair's current worker pod failed (or was evicted).
 	WorkerFailed Trigger = "WorkerFailed"
+	// HookFailed: the pair's current worker pod failed on one of the Module's hooks: its postLoad
+	// hook after the load succeeded (the module is loaded), or its preUnload hook, before the
+	// unload ran (the module stays loaded).
+	HookFailed Trigger = "HookFailed"
 	// WorkerTimedOut: the pair's current worker pod has not finished within the worker timeout
 	// (a stalled registry, a kubelet that never starts it); the pod is deleted.
 	WorkerTimedOut Trigger = "WorkerTimedOut"
@@ -79,7 +83,7 @@ const (
 // IsFailure says whether a trigger reports a failed attempt (it counts in attempts and is a
 // Warning Event).
 func IsFailure(t Trigger) bool {
-	return t == WorkerFailed || t == WorkerTimedOut || t == WorkerRejected
+	return t == WorkerFailed || t == WorkerTimedOut || t == WorkerRejected || t == HookFailed
 }
 
 // ErrNotPermitted is returned (wrapped) when a trigger is not permitted in the current state.
@@ -147,6 +151,7 @@ func Configure(sm *stateless.StateMachine) {
 		Permit(WorkerFailed, UnloadBackOff, reloadKeptPrevious).
 		Permit(WorkerTimedOut, LoadBackOff).
 		Permit(WorkerRejected, LoadBackOff).
+		Permit(HookFailed, LoadBackOff).
 		PermitReentry(NodeRebooted).
 		Permit(SpecRemoved, Absent, nothingLoadedHere).
 		Permit(SpecRemoved, DevicePluginDraining, loadedHereWithDevicePlugin).
@@ -188,6 +193,7 @@ func Configure(sm *stateless.StateMachine) {
 		Permit(WorkerSucceeded, Upgrading, upgradeInProgress).
 		Permit(WorkerSucceeded, Absent, noUpgradeInProgress).
 		Permit(WorkerFailed, UnloadBackOff).
+		Permit(HookFailed, UnloadBackOff).
 		Permit(WorkerTimedOut, UnloadBackOff).
 		Permit(WorkerRejected, UnloadBackOff).
 		Permit(SpecRestored, Loaded).

@@ -67,6 +67,10 @@ type worldConfig struct {
 	// where a device plugin's would, and ResourceClaims of its devices may be allocated on the
 	// nodes where it runs (issue 36).
 	dra bool
+	// hooks gives the versioned Module a postLoad and a preUnload hook (spec.moduleLoader.hooks,
+	// issue 40): in the model's kernel its module holds its devices once loaded, so modprobe -r
+	// fails with EBUSY unless the preUnload hook released them first.
+	hooks bool
 }
 
 // rapidConfig is the world rapid samples: three nodes, both Modules, the versioned one draining,
@@ -100,6 +104,7 @@ type faults struct {
 	unloadIgnoresClaims       bool // the NMC decision never sees the ResourceClaims allocated on the node (Facts.Claims)
 	draDriverGoesWithModule   bool // a DRA driver's DaemonSets go as soon as the Module is being deleted (before the fix of issue 36)
 	readyIgnoresClaims        bool // the ready label (the DRA driver's) is decided as if no ResourceClaim were allocated
+	hookSkipped               bool // worker pods are made without the Module's hooks
 }
 
 type simNode struct {
@@ -191,13 +196,17 @@ type world struct {
 	// claims are the ResourceClaims allocated with devices of a Module's DRA driver, by node/module
 	// (one stands for any number: the decision reads whether there are some).
 	claims map[string]bool
-	fired  []Edge // transitions made since the driver last looked
+	// unhooked are the pairs whose module the kernel has from a load whose postLoad hook has not
+	// succeeded (failed, or skipped), by node/module.
+	unhooked map[string]bool
+	fired    []Edge // transitions made since the driver last looked
 }
 
 func newWorld(cfg *worldConfig, f faults) *world {
 	w := &world{cfg: cfg, faults: f, now: t0, nodes: map[string]*simNode{}, modules: map[string]*simModule{},
 		nmcs: map[string]*simNMC{}, pods: map[string]*simPod{}, dpPods: map[string]bool{}, attempts: map[string]*attemptRecord{},
-		refused: map[string]CreateRefusal{}, workloads: map[string]*simWorkload{}, kmmCordon: map[string]string{}, claims: map[string]bool{}}
+		refused: map[string]CreateRefusal{}, workloads: map[string]*simWorkload{}, kmmCordon: map[string]string{}, claims: map[string]bool{},
+		unhooked: map[string]bool{}}
 	for i, n := range cfg.nodes {
 		w.nodes[n] = &simNode{labels: map[string]string{"role": "worker"}, ready: true, kernel: kernelA, boot: 1,
 			readySince: t0.Add(-time.Hour), loaded: map[string]kmmv1beta1.ModuleConfig{}}
@@ -264,6 +273,7 @@ func (w *world) clone() *world {
 	}
 	c.kmmCordon = maps.Clone(w.kmmCordon)
 	c.claims = maps.Clone(w.claims)
+	c.unhooked = maps.Clone(w.unhooked)
 	c.fired = nil
 	return &c
 }
@@ -350,8 +360,17 @@ func (w *world) moduleObject(key string) *kmmv1beta1.Module {
 		}
 		m.Spec.UpgradePolicy = up
 	}
+	if w.hooked(key) {
+		m.Spec.ModuleLoader.Hooks = &kmmv1beta1.ModuleHooks{
+			PostLoad:  &kmmv1beta1.ModuleHook{Image: "reg.example.com/hooks:1", Args: []string{"post-load"}},
+			PreUnload: &kmmv1beta1.ModuleHook{Image: "reg.example.com/hooks:1", Args: []string{"pre-unload"}},
+		}
+	}
 	return m
 }
+
+// hooked says whether the Module has hooks.
+func (w *world) hooked(key string) bool { return w.cfg.hooks && key == modVersion }
 
 // hasDevicePlugin says whether the Module has a device plugin.
 func (w *world) hasDevicePlugin(key string) bool {
@@ -402,7 +421,7 @@ type specQuestion struct {
 	key, version, broken, node, kernel, boot string
 	gen, maxUnavailable                      int
 	ready, unschedulable, drain, automatic   bool
-	dra                                      bool
+	dra, hooks                               bool
 	labels                                   [2]uint64
 	faulty                                   bool // asked by a world with the seeded fault specReadsNodeStatus
 }
@@ -416,7 +435,7 @@ func (w *world) specQuestion(key string, v NodeView) specQuestion {
 	sm := w.modules[key]
 	q := specQuestion{key: key, version: sm.version, broken: sm.broken, node: v.Name, kernel: v.KernelVersion, boot: v.BootID,
 		gen: sm.gen, ready: v.Ready, unschedulable: v.Unschedulable, drain: w.cfg.drain, automatic: w.cfg.automatic, maxUnavailable: w.cfg.maxUnavailable,
-		dra: w.hasDRA(key)}
+		dra: w.hasDRA(key), hooks: w.hooked(key)}
 	for k, val := range v.Labels {
 		for i, seed := range labelSeeds {
 			q.labels[i] += maphash.String(seed, k)*0x9e3779b97f4a7c15 ^ maphash.String(seed, val)
@@ -544,6 +563,9 @@ func (w *world) applyResultFaults(r *Result) {
 	}
 	if c := r.Plan.CreateWorker; w.faults.reloadUnloadsNewConfig && c != nil && c.Action == contract.ActionReload {
 		c.Previous = c.Entry.Config.DeepCopy()
+	}
+	if w.faults.hookSkipped && r.Plan.CreateWorker != nil {
+		r.Plan.CreateWorker.Entry.Hooks = nil
 	}
 	if w.faults.logSkipsTransition && len(r.Fired) > 0 {
 		r.Status.Transitions = r.Status.Transitions[:len(r.Status.Transitions)-1]
@@ -878,6 +900,7 @@ func (w *world) createPod(node, key, name string, in *WorkerIntent) {
 		w.violate("claims: %s pod for %s created on %s while a ResourceClaim of its DRA driver is allocated there", in.Action, key, node)
 	}
 	w.checkReloadIntent(node, key, in)
+	w.checkHookIntent(node, key, in)
 	if cur, ok := sn.loaded[key]; ok && in.Action == contract.ActionLoad && !equality.Semantic.DeepEqual(cur, in.Entry.Config) {
 		w.violate("invariant 6: load of %s (%s) on %s while %s is still loaded", key, in.Entry.Config.ContainerImage, node, cur.ContainerImage)
 	}
@@ -891,6 +914,20 @@ func (w *world) createPod(node, key, name string, in *WorkerIntent) {
 	w.nextUID++
 	w.pods[name] = &simPod{name: name, uid: w.nextUID, node: node, module: key, action: in.Action, attempt: in.Attempt,
 		entry: *in.Entry.DeepCopy(), previous: in.Previous.DeepCopy(), phase: PodRunning, created: w.now}
+}
+
+// checkHookIntent is the preUnload hook's property: an unload pod of a pair whose Module has hooks
+// (its NMC spec entry, or the record of the loaded config, names them) runs the preUnload hook
+// first. (A record upstream KMM left names none: kmm never saw a hook for it.)
+func (w *world) checkHookIntent(node, key string, in *WorkerIntent) {
+	nmc := w.nmcs[node]
+	known := nmc.spec[key].Hooks != nil || nmc.status[key].Hooks != nil
+	if in.Action == contract.ActionUnload && known && (in.Entry.Hooks == nil || in.Entry.Hooks.PreUnload == nil) {
+		w.violate("hooks: an unload pod of %s on %s without its preUnload hook", key, node)
+	}
+	if in.Action == contract.ActionLoad && nmc.spec[key].Hooks != nil && (in.Entry.Hooks == nil || in.Entry.Hooks.PostLoad == nil) {
+		w.violate("hooks: a load pod of %s on %s without its postLoad hook", key, node)
+	}
 }
 
 // checkReloadIntent checks a reload pod against the real world: it unloads what the kernel has
@@ -974,11 +1011,37 @@ func (w *world) finishPod(p *simPod, succeed bool) {
 		return
 	}
 	p.phase = PodSucceeded
+	pair := p.node + "/" + p.module
 	if p.action == contract.ActionLoad {
 		sn.loaded[p.module] = p.entry.Config
+		w.unhooked[pair] = w.hooked(p.module) && (p.entry.Hooks == nil || p.entry.Hooks.PostLoad == nil)
 	} else {
 		delete(sn.loaded, p.module)
+		delete(w.unhooked, pair)
 	}
+}
+
+// failHook plays a hook that fails in a running pod of a Module with hooks: a postLoad hook after
+// its worker loaded the module, or a preUnload hook, before the unload could run.
+func (w *world) failHook(p *simPod) {
+	sn := w.nodes[p.node]
+	if p.entry.Hooks == nil || p.entry.Config.KernelVersion != sn.kernel {
+		return
+	}
+	p.result = contract.Result{Outcome: contract.OutcomeFailed, BootID: fmt.Sprint(sn.boot), ImageDigest: "sha256:" + p.entry.Config.ContainerImage,
+		Message: "injected hook failure"}
+	switch {
+	case p.action == contract.ActionLoad && p.entry.Hooks.PostLoad != nil && !strings.Contains(p.entry.Config.ContainerImage, brokenImageTag):
+		sn.loaded[p.module] = p.entry.Config
+		w.unhooked[p.node+"/"+p.module] = true
+		p.result.Reason = ReasonPostLoadHookFailed
+	case p.action == contract.ActionUnload && p.entry.Hooks.PreUnload != nil:
+		p.result.Reason = ReasonPreUnloadHookFailed // the module stays loaded
+	default:
+		return
+	}
+	p.phase = PodFailed
+	w.recordAttempt(p)
 }
 
 // finishReload plays a reload worker: the new config is checked and both images pulled first (a
@@ -1115,6 +1178,9 @@ func (w *world) reboot(node string) {
 	sn.boot++
 	sn.readySince = w.now
 	clear(sn.loaded)
+	for _, key := range w.cfg.modules {
+		delete(w.unhooked, node+"/"+key)
+	}
 	for _, p := range w.pods {
 		if p.node == node && p.phase == PodRunning {
 			p.phase, p.result = PodFailed, contract.Result{Reason: "Other", Message: "node rebooted"}
@@ -1153,8 +1219,23 @@ func (w *world) check() {
 			w.checkRecord(node, key, w.nmcs[node].status[key])
 		}
 	}
+	w.checkHooks()
 	if w.cfg.automatic && len(w.kmmCordon) > w.cfg.maxUnavailable {
 		w.violate("drain: %d nodes cordoned by kmm (%v), maxUnavailable is %d", len(w.kmmCordon), slices.Sorted(maps.Keys(w.kmmCordon)), w.cfg.maxUnavailable)
+	}
+}
+
+// checkHooks is the postLoad hook's property: a pair is Loaded (its ready label goes on, its device
+// plugin may start, a rollout counts it) only when its postLoad hook succeeded since the kernel
+// loaded the module. (The ready label itself may stay for allocated ResourceClaims of its DRA
+// driver, claimsKeepDriver, and lags a step behind the record: the record is what is checked.)
+func (w *world) checkHooks() {
+	for _, n := range w.cfg.nodes {
+		for _, key := range w.cfg.modules {
+			if st, ok := w.nmcs[n].status[key]; ok && st.State == Loaded && w.unhooked[n+"/"+key] {
+				w.violate("hooks: %s on %s is Loaded, its postLoad hook has not succeeded since the load", key, n)
+			}
+		}
 	}
 }
 

@@ -94,6 +94,7 @@ func workerEntry(f *Facts, action contract.Action) kmmv1beta1.NodeModuleSpec {
 		ServiceAccountName: f.Status.ServiceAccountName,
 		ImageRepoSecret:    f.Status.ImageRepoSecret.DeepCopy(),
 		Tolerations:        copyTolerations(f.Status.Tolerations),
+		Hooks:              f.Status.Hooks.DeepCopy(),
 	}
 	return e
 }

@@ -156,6 +156,7 @@ func runModel(f faults) func(*rapid.T) {
 		cfg := rapidConfig(rapid.Bool().Draw(t, "automatic rollout"))
 		cfg.plainWithoutDevicePlugin = rapid.Bool().Draw(t, "plain Module without a device plugin")
 		cfg.dra = rapid.Bool().Draw(t, "DRA drivers in place of device plugins")
+		cfg.hooks = rapid.Bool().Draw(t, "the versioned Module has hooks")
 		start := startingWorlds[rapid.IntRange(0, len(startingWorlds)-1).Draw(t, "starting world")]
 		w := start.start(&cfg, f)
 		defer func() { rapidCoverage.add(w.fired) }()
@@ -173,7 +174,7 @@ func runModel(f faults) func(*rapid.T) {
 
 // modelChecks are the prefixes of the messages of the model's checks: the invariants of SPEC §4,
 // the drain's, the back-off's and the claims' properties.
-var modelChecks = []string{"invariant ", "drain: ", "back-off: ", "claims: "}
+var modelChecks = []string{"invariant ", "drain: ", "back-off: ", "claims: ", "hooks: "}
 
 // seededFaults are the broken controllers the property test and the explorer must catch, with the
 // check (a prefix of its message) the explorer's shortest counterexample fails on; the property
@@ -216,6 +217,10 @@ var seededFaults = []struct {
 	{"the NMC decision ignores allocated ResourceClaims", faults{unloadIgnoresClaims: true}, "claims: "},
 	{"a DRA driver goes with its Module being deleted", faults{draDriverGoesWithModule: true}, "claims: the DRA driver"},
 	{"the ready label ignores allocated ResourceClaims", faults{readyIgnoresClaims: true}, "claims: the ready label"},
+	// Issue 40: the Module's hooks run in every load and unload pod; a skipped preUnload hook
+	// leaves the devices bound (modprobe -r fails), a skipped postLoad hook a ready node whose
+	// hook never ran.
+	{"a hook skipped", faults{hookSkipped: true}, "hooks: "},
 }
 
 // FuzzModel runs the same property as TestModelInvariants from fuzzer-chosen inputs.

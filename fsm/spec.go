@@ -100,5 +100,6 @@ func resolveEntry(m *kmmv1beta1.Module, kver string) (*kmmv1beta1.NodeModuleSpec
 		ServiceAccountName: m.Spec.ModuleLoader.ServiceAccountName,
 		ImageRepoSecret:    m.Spec.ImageRepoSecret.DeepCopy(),
 		Tolerations:        copyTolerations(m.Spec.Tolerations),
+		Hooks:              m.Spec.ModuleLoader.Hooks.DeepCopy(),
 	}, "", nil
 }

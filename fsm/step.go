@@ -104,6 +104,7 @@ func Step(f Facts) Result {
 			break
 		}
 	}
+	recordHooks(&st, &f)
 	recordDrain(&st, &f, nil)
 	f.Status = st
 	drain := planDrain(&f)
@@ -154,6 +155,9 @@ func record(st *kmmv1beta1.NodeModuleStatus, t Trigger, to State, f *Facts) kmmv
 // recordOutcome records what a transition from state from says about the kernel: a config loaded
 // or unloaded, an adopted record, a failed attempt, or a reboot that unloaded everything.
 func recordOutcome(st *kmmv1beta1.NodeModuleStatus, t Trigger, from State, f *Facts) {
+	if recordedFailedLoad(st, t, from, f) {
+		return
+	}
 	switch {
 	case t == WorkerSucceeded && (from == Loading || from == LoadBackOff):
 		recordLoaded(st, f)
@@ -161,21 +165,38 @@ func recordOutcome(st *kmmv1beta1.NodeModuleStatus, t Trigger, from State, f *Fa
 		recordUnloaded(st, f)
 	case t == Adopted:
 		recordAdopted(st, f)
-	case t == WorkerFailed && f.reloadUnloadedPrevious():
-		// The reload's unload half succeeded: nothing is loaded, as after a failed load. (From
-		// LoadBackOff it is the late end of an attempt its time-out counted already.)
-		attempts := st.Attempts
-		recordUnloaded(st, f)
-		st.Attempts = attempts
-		if from != LoadBackOff {
-			st.Attempts++
-		}
 	case IsFailure(t):
 		st.Attempts++
 	case t == NodeRebooted && (f.rebootedByBootID() || !f.statusKernelMatches()):
 		// Nothing survives a reboot: the record says so, and a reload starts afresh.
 		recordUnloaded(st, f)
 		st.LastWorkerTime = nil
+	}
+}
+
+// recordedFailedLoad records a failed load that changed the kernel, and says whether t was one.
+func recordedFailedLoad(st *kmmv1beta1.NodeModuleStatus, t Trigger, from State, f *Facts) bool {
+	switch {
+	case (t == HookFailed || t == WorkerFailed) && f.loadedByFailedHook() && (from == Loading || from == LoadBackOff):
+		// The load succeeded and its postLoad hook failed: the module is in the kernel.
+		recordFailedLoad(st, from, func() { recordLoaded(st, f) })
+	case t == WorkerFailed && f.reloadUnloadedPrevious():
+		// The reload's unload half succeeded: nothing is loaded, as after a failed load.
+		recordFailedLoad(st, from, func() { recordUnloaded(st, f) })
+	default:
+		return false
+	}
+	return true
+}
+
+// recordFailedLoad records what a failed load left in the kernel (record) and counts the failure,
+// unless it is the late end of an attempt whose time-out LoadBackOff counted already.
+func recordFailedLoad(st *kmmv1beta1.NodeModuleStatus, from State, record func()) {
+	attempts := st.Attempts
+	record()
+	st.Attempts = attempts
+	if from != LoadBackOff {
+		st.Attempts++
 	}
 }
 
@@ -195,6 +216,18 @@ func recordLoaded(st *kmmv1beta1.NodeModuleStatus, f *Facts) {
 	st.Attempts = 0
 }
 
+// recordHooks keeps the hooks of the spec entry beside a loaded config: an unload runs the
+// preUnload hook of the spec entry while there is one (a fixed hook is the next attempt's), else the
+// one recorded while the entry existed (the Module was deleted).
+func recordHooks(st *kmmv1beta1.NodeModuleStatus, f *Facts) {
+	switch {
+	case st.Config == nil:
+		st.Hooks = nil
+	case f.Spec != nil:
+		st.Hooks = f.Spec.Hooks.DeepCopy()
+	}
+}
+
 func recordUnloaded(st *kmmv1beta1.NodeModuleStatus, f *Facts) {
 	st.Config, st.ServiceAccountName, st.ImageRepoSecret, st.Tolerations = nil, "", nil, nil
 	st.BootID, st.ImageDigest = "", ""
@@ -207,7 +240,7 @@ func recordUnloaded(st *kmmv1beta1.NodeModuleStatus, f *Facts) {
 // status.reason says ImagePull, InvalidConfig, TimedOut, ... as data), else the trigger.
 func reasonFor(t Trigger, f *Facts) string {
 	switch t {
-	case WorkerFailed:
+	case WorkerFailed, HookFailed:
 		if r := f.Worker.Result.Reason; r != "" {
 			return string(r)
 		}
@@ -235,6 +268,9 @@ func messageFor(t Trigger, f *Facts) string {
 			msg = "the " + string(f.Worker.Action) + " worker failed"
 		}
 		return reloadHalf(f) + msg
+	case HookFailed:
+		// The tail of the hook's log (or its termination message).
+		return f.Worker.Result.Message
 	case WorkerTimedOut:
 		return "worker pod did not finish within " + f.workerTimeout().String() + ": deleting it and backing off"
 	case WorkerRejected:

@@ -194,6 +194,81 @@ type ModuleLoaderSpec struct {
 	// ServiceAccountName of the worker pods. The worker needs no API access; its token is never mounted.
 	// +optional
 	ServiceAccountName string `json:"serviceAccountName,omitempty"`
+
+	// Hooks (a kmm extension) are containers kmm runs in the worker pod, on the node: postLoad
+	// after each load, preUnload before each unload. Absent: no hooks (upstream's behaviour).
+	// +optional
+	Hooks *ModuleHooks `json:"hooks,omitempty"`
+}
+
+// ModuleHooks are the containers run around the worker (docs/api.md#hooks). A failed hook fails
+// the worker pod's attempt with its own reason (PostLoadHookFailed, PreUnloadHookFailed) and backs
+// off; a failed preUnload hook keeps the module loaded (the unload never runs).
+type ModuleHooks struct {
+	// PostLoad runs after the worker loaded the module, in the same pod (the worker is then the
+	// pod's init container). The node counts as Loaded, and gets the module's ready label, only
+	// once it exited 0.
+	// +optional
+	PostLoad *ModuleHook `json:"postLoad,omitempty"`
+
+	// PreUnload runs before the worker unloads the module, as the pod's init container: the
+	// worker runs only once it exited 0 (e.g. after it unbound the module's devices, without
+	// which modprobe -r fails with EBUSY).
+	// +optional
+	PreUnload *ModuleHook `json:"preUnload,omitempty"`
+}
+
+// ModuleHook is one hook container. It runs in the worker pod, so on the worker's node, in the
+// Module's namespace, with the worker's service account, tolerations and pull settings of the
+// kubelet (imageRepoSecret is the pod's imagePullSecret), with no API token; as root with the
+// worker's capabilities (CAP_SYS_MODULE only), the runtime's default seccomp profile and a
+// read-only root file system, unless Privileged. It sees the node's /lib/modules read-only and
+// the pod's /tmp, shared with the worker, and the host paths it names.
+type ModuleHook struct {
+	// Image of the hook container, pulled by the kubelet (with the Module's imageRepoSecret).
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=1024
+	Image string `json:"image"`
+
+	// Command overrides the image's entrypoint.
+	// +optional
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=4096
+	Command []string `json:"command,omitempty"`
+
+	// Args overrides the image's command.
+	// +optional
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=4096
+	Args []string `json:"args,omitempty"`
+
+	// Env are environment variables of the hook (kmm adds KMM_NODE_NAME, KMM_MODULE_NAME,
+	// KMM_KERNEL_VERSION and KMM_MODULE_VERSION before them).
+	// +optional
+	// +kubebuilder:validation:MaxItems=64
+	Env []corev1.EnvVar `json:"env,omitempty"`
+
+	// ImagePullPolicy of the image.
+	// +kubebuilder:validation:Enum=Always;IfNotPresent;Never
+	// +optional
+	ImagePullPolicy corev1.PullPolicy `json:"imagePullPolicy,omitempty"`
+
+	// Resources of the hook container.
+	// +optional
+	Resources corev1.ResourceRequirements `json:"resources,omitempty"`
+
+	// Privileged runs the hook as a privileged container (e.g. to write sysfs).
+	// +optional
+	Privileged bool `json:"privileged,omitempty"`
+
+	// HostPaths are node directories mounted read-write into the hook at the same path: under
+	// /dev, /sys, /var, /opt or /run (the device plugin's prefixes), no "." or ".." segment.
+	// +optional
+	// +kubebuilder:validation:MaxItems=8
+	// +kubebuilder:validation:items:MaxLength=256
+	// +kubebuilder:validation:items:Pattern=`^/(dev|sys|var|opt|run)(/([^/.][^/]*|\.[^/.][^/]*|\.\.[^/]+))*$`
+	// +listType=set
+	HostPaths []string `json:"hostPaths,omitempty"`
 }
 
 // DevicePluginContainerSpec is the device plugin container.

@@ -103,6 +103,10 @@ type NodeModuleSpec struct {
 	// +optional
 	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
 
+	// Hooks are the Module's hooks (spec.moduleLoader.hooks), run in the worker pods.
+	// +optional
+	Hooks *ModuleHooks `json:"hooks,omitempty"`
+
 	// Version is upstream KMM's place for the Module's version (kmm keeps it in Config.Version),
 	// kept across a switch from upstream; kmm never writes it.
 	// +optional
@@ -156,6 +160,11 @@ type NodeModuleStatus struct {
 	// Tolerations of the worker pods that applied Config; reused to unload it.
 	// +optional
 	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
+
+	// Hooks are the hooks of the spec entry while Config is loaded; the preUnload hook of an
+	// unload once the spec entry is gone.
+	// +optional
+	Hooks *ModuleHooks `json:"hooks,omitempty"`
 
 	// State of the pair. Always set by kmm; empty only in an entry upstream KMM left, which kmm
 	// adopts or decides on at first sight (docs/migration.md).

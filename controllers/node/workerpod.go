@@ -133,6 +133,7 @@ func WorkerPod(node string, o WorkerPodOptions, in *fsm.WorkerIntent) (*corev1.P
 			Volumes: append(workerVolumes(e, firmware, o.DryRunSandbox, o.firmwareHostPath(), cfg.SetFirmwareClassPath), o.Registry.volumes(o.ServiceAccountPullSecrets)...),
 		},
 	}
+	addHook(pod, node, in, o.DryRunSandbox)
 	return pod, nil
 }
 
@@ -287,13 +288,22 @@ func pullSecretVolume(pod *corev1.Pod) string {
 	return ""
 }
 
-// workerResult reads the worker's report from the termination message; a pod that ended without
-// one (evicted, killed) is a failure of class Other with the pod's own reason.
+// workerResult reads the worker's report from the termination message; a failed pod whose hook
+// failed is the hook's failure (hookFailure); a pod that ended without a report (evicted, killed)
+// is a failure of class Other with the pod's own reason.
 func workerResult(pod *corev1.Pod) contract.Result {
-	for _, cs := range pod.Status.ContainerStatuses {
-		if cs.Name != contract.ContainerName || cs.State.Terminated == nil {
-			continue
+	r := workerReport(pod)
+	if pod.Status.Phase == corev1.PodFailed {
+		if h, ok := hookFailure(pod, r); ok {
+			return h
 		}
+	}
+	return r
+}
+
+// workerReport is the worker container's own report.
+func workerReport(pod *corev1.Pod) contract.Result {
+	if cs, ok := containerStatus(pod, contract.ContainerName); ok && cs.State.Terminated != nil {
 		if r, err := contract.ParseResult([]byte(cs.State.Terminated.Message)); err == nil {
 			return r
 		}
@@ -310,8 +320,8 @@ func workerResult(pod *corev1.Pod) contract.Result {
 
 // workerDuration is how long a finished worker pod ran.
 func workerDuration(pod *corev1.Pod) (time.Duration, bool) {
-	for _, cs := range pod.Status.ContainerStatuses {
-		if t := cs.State.Terminated; cs.Name == contract.ContainerName && t != nil && !t.FinishedAt.IsZero() {
+	if cs, ok := containerStatus(pod, contract.ContainerName); ok {
+		if t := cs.State.Terminated; t != nil && !t.FinishedAt.IsZero() {
 			return t.FinishedAt.Sub(pod.CreationTimestamp.Time), true
 		}
 	}

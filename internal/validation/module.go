@@ -74,7 +74,33 @@ func validateModuleLoader(m *kmmv1beta1.Module, p *field.Path, ml *kmmv1beta1.Mo
 	errs = append(errs, validateKernelMappings(m, container.Child("kernelMappings"), c)...)
 	errs = append(errs, validateModprobe(container.Child("modprobe"), &c.Modprobe)...)
 	errs = append(errs, validateServiceAccount(p.Child("serviceAccountName"), ml.ServiceAccountName)...)
+	errs = append(errs, validateHooks(p.Child("hooks"), ml.Hooks)...)
 	return append(errs, validateBuildAndSign(m, container, c)...)
+}
+
+// validateHooks checks the host paths of the Module's hooks (the CRD's pattern, again): the
+// device plugin's prefixes, no "." or ".." segment.
+func validateHooks(p *field.Path, h *kmmv1beta1.ModuleHooks) field.ErrorList {
+	if h == nil {
+		return nil
+	}
+	var errs field.ErrorList
+	for _, named := range []struct {
+		name string
+		hook *kmmv1beta1.ModuleHook
+	}{{"postLoad", h.PostLoad}, {"preUnload", h.PreUnload}} {
+		name, hook := named.name, named.hook
+		if hook == nil {
+			continue
+		}
+		for i, hp := range hook.HostPaths {
+			if !kmmv1beta1.DevicePluginHostPathAllowed(hp) || slices.Contains(strings.Split(hp, "/"), ".") || strings.HasSuffix(hp, "/") {
+				errs = append(errs, field.Invalid(p.Child(name, "hostPaths").Index(i), hp,
+					"a hook may mount host paths only under /dev, /sys, /var, /opt or /run, without '.' or '..' segments"))
+			}
+		}
+	}
+	return errs
 }
 
 // ModuleUpdate checks the rules of Admission and those that compare a Module with its previous

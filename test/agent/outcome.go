@@ -44,6 +44,12 @@ type Verdict struct {
 	// FailedStep is, for a failed reload, the half that failed (contract.StepUnload or StepLoad);
 	// empty means StepUnload: nothing was unloaded.
 	FailedStep string
+	// HookExit is the exit code of the pod's hook container (spec.moduleLoader.hooks), if it has
+	// one and it runs: a preUnload hook that exits non-zero keeps the worker from running (the
+	// module stays loaded); a postLoad hook runs after a load that succeeded.
+	HookExit int32
+	// HookMessage is the hook's termination message (its log's tail).
+	HookMessage string
 }
 
 // OutcomeFunc decides how a worker run ends. It must be pure and fast: the agent calls it with its

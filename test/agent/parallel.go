@@ -54,10 +54,10 @@ func (a *Agent) syncPodUnlocked(ctx context.Context, pod *corev1.Pod) error {
 		a.mu.Unlock()
 		return nil
 	}
-	res, cfg := a.decide(st, pod)
+	res, cfg, hook := a.decide(st, pod)
 	a.mu.Unlock()
 
-	wrote, err := a.finishPod(ctx, pod, res)
+	wrote, err := a.finishPod(ctx, pod, res, hook)
 	if err != nil {
 		return err
 	}
@@ -82,7 +82,7 @@ func (a *Agent) confirmDeletionUnlocked(ctx context.Context, st *nodeState, pod 
 	a.mu.Unlock()
 	if fail {
 		res := podResult(pod, bootID, "the worker pod was deleted before it finished")
-		wrote, err := a.finishPod(ctx, pod, res)
+		wrote, err := a.finishPod(ctx, pod, res, nil)
 		if err != nil {
 			return err
 		}

@@ -169,8 +169,8 @@ func (a *Agent) waits(pod *corev1.Pod) bool {
 
 // runPod ends pod with the outcome of its run and applies the run to the simulated kernel.
 func (a *Agent) runPod(ctx context.Context, st *nodeState, pod *corev1.Pod) error {
-	res, cfg := a.decide(st, pod)
-	wrote, err := a.finishPod(ctx, pod, res)
+	res, cfg, hook := a.decide(st, pod)
+	wrote, err := a.finishPod(ctx, pod, res, hook)
 	if err != nil {
 		return err
 	}
@@ -199,16 +199,16 @@ func (a *Agent) applyRun(st *nodeState, pod *corev1.Pod, res contract.Result, cf
 
 // decide is the Result of running pod on st now, and the config it ran with (nil when the pod's
 // config or action is unusable, which fails the run as the real worker would).
-func (a *Agent) decide(st *nodeState, pod *corev1.Pod) (contract.Result, *contract.Config) {
+func (a *Agent) decide(st *nodeState, pod *corev1.Pod) (contract.Result, *contract.Config, *hookEnd) {
 	cfg, err := contract.ParseConfig([]byte(pod.Annotations[contract.AnnotationConfig]))
 	if err != nil {
 		res := podResult(pod, st.bootID, err.Error())
 		res.Reason = contract.ReasonInvalidConfig // as the real worker reports a config it refuses
-		return res, nil
+		return res, nil, nil
 	}
 	action := contract.Action(pod.Labels[contract.LabelAction])
 	if action != contract.ActionLoad && action != contract.ActionUnload && action != contract.ActionReload {
-		return podResult(pod, st.bootID, fmt.Sprintf("unknown action %q", action)), nil
+		return podResult(pod, st.bootID, fmt.Sprintf("unknown action %q", action)), nil, nil
 	}
 	in := RunInput{Node: st.name, NodeKernel: st.kernel, BootID: st.bootID, Action: action, Config: cfg, Pod: pod}
 	v := a.outcome(in)
@@ -220,13 +220,18 @@ func (a *Agent) decide(st *nodeState, pod *corev1.Pod) (contract.Result, *contra
 	} else {
 		v.Reason = ""
 	}
-	return buildResult(in, st.bootID, v), &cfg
+	hook := hookOf(pod, v)
+	if hook != nil && hook.first && hook.exit != 0 {
+		// The preUnload hook failed: the worker never ran, the module stays loaded.
+		v = Failed(contract.ReasonOther, "the worker did not run: its preUnload hook failed")
+	}
+	return buildResult(in, st.bootID, v), &cfg, hook
 }
 
 // failPod ends pod as Failed with reason Other and message, reporting bootID, without running it.
 func (a *Agent) failPod(ctx context.Context, st *nodeState, pod *corev1.Pod, bootID, message string) error {
 	res := podResult(pod, bootID, message)
-	wrote, err := a.finishPod(ctx, pod, res)
+	wrote, err := a.finishPod(ctx, pod, res, nil)
 	if err != nil {
 		return err
 	}
@@ -290,7 +295,7 @@ func (a *Agent) markRunning(ctx context.Context, pod *corev1.Pod) error {
 
 // finishPod writes res as pod's terminal status unless the pod already ended. It reports whether it
 // wrote; a pod that is gone is not an error.
-func (a *Agent) finishPod(ctx context.Context, pod *corev1.Pod, res contract.Result) (bool, error) {
+func (a *Agent) finishPod(ctx context.Context, pod *corev1.Pod, res contract.Result, hook *hookEnd) (bool, error) {
 	msg, err := res.Marshal()
 	if err != nil {
 		return false, fmt.Errorf("encoding the result of pod %s/%s: %w", pod.Namespace, pod.Name, err)
@@ -301,6 +306,7 @@ func (a *Agent) finishPod(ctx context.Context, pod *corev1.Pod, res contract.Res
 			return false
 		}
 		setTerminated(p, res.Outcome, string(msg), now)
+		hook.place(p, now)
 		return true
 	})
 }

@@ -48,7 +48,8 @@ const (
 )
 
 // kernelModules are the kernel module names in the kmod images, per Module.
-var kernelModules = map[string]string{modKmod: "kmm_e2e", modRestart: "kmm_e2e_restart", modLate: "kmm_e2e_late", modDRA: "kmm_e2e_dra", modVendor: "kmm_e2e_gpu"}
+var kernelModules = map[string]string{modKmod: "kmm_e2e", modRestart: "kmm_e2e_restart", modLate: "kmm_e2e_late", modDRA: "kmm_e2e_dra", modVendor: "kmm_e2e_gpu",
+	modHooked: "kmm_e2e_late"}
 
 // waitStep bounds each wait of TestKMM; the slowest (a back-off, the operator's restart with its
 // leader election) take 20-30 s.
@@ -111,6 +112,7 @@ func TestKMM(t *testing.T) {
 		{"kubectl kmm status and history", testKubectlKMM},
 		{"a Module with a DRA driver: driver Ready, DeviceClass, dra-ready; ordered upgrade held by an allocated claim", testDRA},
 		{"Modules deleted: unloaded, device plugin, DRA driver, DeviceClass, labels and NMC gone, finalizers released", testDelete},
+		{"hooks and validation on the real kubelet: worker then postLoad hook, validation pod, preUnload hook then unload worker", testHooksAndValidation},
 		{"installed with the Helm chart instead: a Module loads and unloads, helm uninstall", testChart},
 	}
 	for _, s := range steps {
