@@ -187,12 +187,16 @@ func ignored(policy *kmmv1beta1.DrainSpec, namespace string) bool {
 
 // MayDrain says whether the pair is draining or may start to in this step: something is loaded
 // (Loaded, or Loading or LoadBackOff while a loaded config is still recorded) and an upgrade is
-// requested or the spec no longer equals the loaded config. The reconciler reads the node's
+// requested or the spec no longer equals the loaded config; or a load worker succeeded, which one
+// step may take on to Loaded and then to an unload (found by the model's device-user property: the
+// drain was skipped when a load ended after its spec entry went). The reconciler reads the node's
 // workload pods, an API call, only then.
 func (f *Facts) MayDrain() bool {
 	st := f.Status
 	switch {
 	case st.State == DevicePluginDraining:
+		return true
+	case (st.State == Loading || st.State == LoadBackOff) && f.Worker.Phase == PodSucceeded:
 		return true
 	case st.Config == nil:
 		return false

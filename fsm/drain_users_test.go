@@ -155,3 +155,23 @@ func TestJobWaitSaidOnce(t *testing.T) {
 	f = drainingFacts(time.Second, pol)
 	check(t, f, want{state: Unloading, create: contract.ActionUnload})
 }
+
+// TestMayDrainAfterALoad: a load that succeeded may be taken on to Loaded and to an unload in one
+// step, so the reconciler reads the workload pods then too (the model found the drain skipped).
+func TestMayDrainAfterALoad(t *testing.T) {
+	v1 := entry(k1, "r/m:v1", "v1")
+	node := readyNode(k1)
+	f := facts(nil, kmmv1beta1.NodeModuleStatus{State: Loading}, node)
+	f.Drain = DrainFacts{Policy: &policy}
+	if f.MayDrain() {
+		t.Fatal("a load still running needs no workload pods")
+	}
+	f.Worker = Worker{Phase: PodSucceeded, Action: contract.ActionLoad, Entry: *v1, EntryKnown: true, Result: contract.Result{BootID: "b1"}}
+	if !f.MayDrain() {
+		t.Fatal("a load that succeeded while its spec entry went may unload in the same step: the workloads are facts")
+	}
+	f.Drain.Pods = []WorkloadPod{plain}
+	if r := Step(f); r.Status.State != DevicePluginDraining {
+		t.Fatalf("state %s after the load and the removed spec, with a workload: want DevicePluginDraining", r.Status.State)
+	}
+}

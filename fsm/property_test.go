@@ -216,6 +216,10 @@ var seededFaults = []struct {
 	{"the NMC decision ignores allocated ResourceClaims", faults{unloadIgnoresClaims: true}, "claims: "},
 	{"a DRA driver goes with its Module being deleted", faults{draDriverGoesWithModule: true}, "claims: the DRA driver"},
 	{"the ready label ignores allocated ResourceClaims", faults{readyIgnoresClaims: true}, "claims: the ready label"},
+	// Issue 40, item 6: the pods that use the Module's devices are drained though the podSelector
+	// does not select them, and the pods of Jobs are waited for before they are evicted.
+	{"the drain misses a pod using the Module's devices", faults{drainMissesDeviceUsers: true}, "drain: unload pod|drain: reload pod"},
+	{"the drain evicts a Job's pod while it waits", faults{jobPodsUnseen: true}, "drain: the drain of ns/versioned on n0 touches the Job pod"},
 }
 
 // FuzzModel runs the same property as TestModelInvariants from fuzzer-chosen inputs.
