@@ -74,7 +74,7 @@ const (
 // unload, a bump and an upgrade, which the pair's transition log keeps.
 func transitionEventScope(t kmmv1beta1.Transition, leftTable bool) eventScope {
 	switch trig := fsm.Trigger(t.Trigger); {
-	case fsm.IsFailure(trig):
+	case fsm.IsWarning(trig):
 		return eventFailure
 	case leftTable, trig == fsm.NodeRebooted, trig == fsm.KernelChanged, trig == fsm.Adopted:
 		return eventPerNode
