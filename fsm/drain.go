@@ -187,7 +187,8 @@ func ignored(policy *kmmv1beta1.DrainSpec, namespace string) bool {
 
 // MayDrain says whether the pair is draining or may start to in this step: something is loaded
 // (Loaded, or Loading or LoadBackOff while a loaded config is still recorded) and an upgrade is
-// requested or the spec no longer equals the loaded config; or a load worker succeeded, which one
+// requested or the spec no longer equals the loaded config (or an upstream or stranded record holds
+// a config that one step may adopt or unload); or a load worker succeeded, which one
 // step may take on to Loaded and then to an unload (found by the model's device-user property: the
 // drain was skipped when a load ended after its spec entry went). The reconciler reads the node's
 // workload pods, an API call, only then.
@@ -200,7 +201,11 @@ func (f *Facts) MayDrain() bool {
 		return true
 	case st.Config == nil:
 		return false
-	case st.State == Loaded || st.State == Loading || st.State == LoadBackOff:
+	case st.State == Loaded || st.State == Loading || st.State == LoadBackOff,
+		// A record upstream KMM left (no state), adopted as Loaded, or an Absent record of a config
+		// still in the kernel (strandedLoad) may go on to an unload in the same step (found by the
+		// explorer at depth 4 from the world switched from upstream).
+		st.State == "" || st.State == Absent:
 		return f.Node.UpgradeTarget != "" || f.needsUnload()
 	}
 	return false

@@ -175,3 +175,23 @@ func TestMayDrainAfterALoad(t *testing.T) {
 		t.Fatalf("state %s after the load and the removed spec, with a workload: want DevicePluginDraining", r.Status.State)
 	}
 }
+
+// TestMayDrainAnUpstreamRecord: a record upstream KMM left (no state), or an Absent record of a
+// config still in the kernel, with no spec entry wanting it, may be unloaded in this step: the
+// workload pods are facts (the explorer found the unload beside them at depth 4).
+func TestMayDrainAnUpstreamRecord(t *testing.T) {
+	v1 := entry(k1, "r/m:v1", "v1")
+	for _, state := range []State{"", Absent} {
+		st := kmmv1beta1.NodeModuleStatus{State: state, Config: &v1.Config}
+		f := facts(nil, st, readyNode(k1))
+		f.Drain = DrainFacts{Policy: &policy}
+		if !f.MayDrain() {
+			t.Fatalf("a record (state %q) of a config no spec entry wants: the workloads are facts", state)
+		}
+		f = facts(v1, st, readyNode(k1))
+		f.Drain = DrainFacts{Policy: &policy}
+		if f.MayDrain() {
+			t.Fatalf("a record (state %q) of the config the spec wants needs no workload pods", state)
+		}
+	}
+}
