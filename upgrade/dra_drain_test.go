@@ -61,6 +61,7 @@ func TestDRADrainEvictsClaimHolders(t *testing.T) {
 	if st := cluster.PairStatus(n, tb.NS, "nic"); st == nil || st.State != fsm.DevicePluginDraining {
 		t.Fatalf("the pair went on while the claim is allocated: %s", testbed.Describe(st))
 	}
+	claim.Status.ReservedFor = nil // the pod is gone: the resource claim controller drops it, then deallocates
 	releaseClaim(t, claim)
 	tb.WaitLoaded("nic", "reg.example.com/nic:v2", n)
 	kept := &corev1.Pod{}
