@@ -118,6 +118,9 @@ func TestDrainWaitsForJobs(t *testing.T) {
 			// (a second of slack for the clocks of the API server's timestamps and this test)
 			t.Fatalf("the Job's pod went %s after the drain started, before jobs.waitSeconds (%ds)", time.Since(start), wait)
 		}
+		if gone {
+			t.Logf("the Job's pod went %s after the drain started (jobs.waitSeconds %d)", time.Since(start).Round(100*time.Millisecond), wait)
+		}
 		return gone, "the Job's pod drained once the wait is over"
 	})
 	cluster.AssertEvents(t, tb.NS, string(fsm.JobWaitExpired))
