@@ -170,6 +170,9 @@ func TestMayDrainAfterALoad(t *testing.T) {
 	if !f.MayDrain() {
 		t.Fatal("a load that succeeded while its spec entry went may unload in the same step: the workloads are facts")
 	}
+	if f.MayUnload() {
+		t.Fatal("a first load cannot have claims of the driver on the node: no cluster-wide ResourceClaims read for it")
+	}
 	f.Drain.Pods = []WorkloadPod{plain}
 	if r := Step(f); r.Status.State != DevicePluginDraining {
 		t.Fatalf("state %s after the load and the removed spec, with a workload: want DevicePluginDraining", r.Status.State)

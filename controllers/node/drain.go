@@ -172,7 +172,8 @@ type claimHolderSet struct {
 }
 
 // claimHolders reads them from the ResourceClaims this reconcile read already (f.claims: read for
-// a Module with a DRA driver whose pair may unload, which a pair that may drain may): no other list.
+// a Module with a DRA driver whose pair may unload, as a pair that may drain may, but after a first
+// load, when the driver cannot be on the node yet): no other list.
 func claimHolders(f *nodeFacts, key string, policy *kmmv1beta1.DrainSpec) claimHolderSet {
 	out := claimHolderSet{uids: map[types.UID]bool{}, claims: map[string]bool{}}
 	driver := f.drivers[key]
