@@ -320,8 +320,11 @@ func (w *world) nextDeadline() int {
 				at(st.LastTransitionTime.Time, UpgradeSpecGrace)
 			}
 			if st.Drain != nil {
-				at(st.Drain.StartTime.Time, drainDeleteAfter*time.Second)
-				at(st.Drain.StartTime.Time, drainForceAfter*time.Second)
+				for _, after := range []time.Duration{0, drainJobWait * time.Second} {
+					at(st.Drain.StartTime.Time, after+drainDeleteAfter*time.Second)
+					at(st.Drain.StartTime.Time, after+drainForceAfter*time.Second)
+				}
+				at(st.Drain.StartTime.Time, drainJobWait*time.Second)
 			}
 		}
 	}

@@ -164,6 +164,9 @@ func deriveDevicePluginDraining(f *Facts) (Trigger, bool) {
 	if t, ok := unloadOverruled(f); ok {
 		return t, true
 	}
+	if t, ok := jobWaitTrigger(f); ok {
+		return t, true
+	}
 	if len(f.Claims) > 0 {
 		// Said once per wait (the status reason then names it), with the claims in its message.
 		return ClaimsAllocated, f.Status.Reason != string(ClaimsAllocated)

@@ -32,7 +32,9 @@ var StateDescriptions = map[State]string{
 		"DaemonSet removes the device plugin pod. A Module with a DRA driver waits here while ResourceClaims " +
 		"allocated on the node with its driver's devices remain (ClaimsAllocated, said once): the ready label " +
 		"and the driver stay for the kubelet to unprepare them, and an upgrade drain evicts the driver pod " +
-		"last, once they are released. No unload pod runs in this state. When everything is gone " +
+		"last, once they are released. With upgradePolicy.drain.jobs the pods of Jobs are waited for " +
+		"(WaitingForJobs, said once) up to jobs.waitSeconds, then drained as the others (JobWaitExpired, said " +
+		"once, a Warning). No unload pod runs in this state. When everything is gone " +
 		"the pair moves to Unloading; if the spec comes back to the loaded config and no upgrade is " +
 		"requested, back to Loaded.",
 	Unloading: "An unload worker pod is wanted for the loaded config. It is created only on a Ready, " +
@@ -98,4 +100,4 @@ func DiagramFiles() map[string]string {
 
 // AllTriggers lists every trigger.
 var AllTriggers = []Trigger{SpecSet, SpecChanged, SpecRemoved, SpecRestored, KernelChanged, NodeRebooted,
-	WorkerSucceeded, WorkerFailed, HookFailed, WorkerTimedOut, WorkerRejected, BackOffExpired, UpgradeRequested, DevicePluginGone, ClaimsAllocated, UpgradeAbandoned, Adopted}
+	WorkerSucceeded, WorkerFailed, HookFailed, WorkerTimedOut, WorkerRejected, BackOffExpired, UpgradeRequested, DevicePluginGone, ClaimsAllocated, WaitingForJobs, JobWaitExpired, UpgradeAbandoned, Adopted}

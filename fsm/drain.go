@@ -1,6 +1,9 @@
 package fsm
 
 import (
+	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -43,6 +46,59 @@ type WorkloadPod struct {
 	// OwnDRADriver: the pod is the draining Module's own DRA driver pod on the node (a kmm pod and
 	// a DaemonSet's, yet never spared: it goes before the unload, evicted last).
 	OwnDRADriver bool
+	// OutsideSelector: the drain has a podSelector and it does not select the pod (the reconciler
+	// read the pod because deviceUsers is set: it may use the Module's devices).
+	OutsideSelector bool
+	// Resources are the resource names the pod's containers request or limit, sorted, at most
+	// MaxPodResources (read only with deviceUsers.extendedResources).
+	Resources []string
+	// HoldsClaim: a ResourceClaim allocated on the node with devices of the Module's DRA driver
+	// (ClaimHoldsNode) is reserved for the pod or named by it (read only with
+	// deviceUsers.resourceClaims).
+	HoldsClaim bool
+	// Job: a Job controls the pod.
+	Job bool
+}
+
+// MaxPodResources bounds WorkloadPod.Resources: the reconciler keeps the extended resources the
+// drain lists first, so that a pod with more names than this is never missed.
+const MaxPodResources = 32
+
+// Triggers of the Job wait (upgradePolicy.drain.jobs), reentries of DevicePluginDraining, each said
+// once per drain (DrainStatus.JobWait).
+const (
+	// WaitingForJobs: the drain waits for pods that Jobs control instead of evicting them.
+	WaitingForJobs Trigger = "WaitingForJobs"
+	// JobWaitExpired: jobs.waitSeconds passed with Job pods left on the node: they are drained as
+	// the other pods from now on (a Warning Event).
+	JobWaitExpired Trigger = "JobWaitExpired"
+)
+
+// Concerns says whether the drain of policy concerns the pod, before what Spared says: the Module's
+// own DRA driver pod; a pod the podSelector selects (no podSelector selects every pod on the node,
+// unless deviceUsers is set: then none); a pod that uses the Module's devices as deviceUsers says
+// (it requests one of extendedResources, or holds a ResourceClaim of the Module's DRA driver with
+// resourceClaims). The reconciler reads PodDisruptionBudgets only for the pods it concerns.
+func Concerns(policy *kmmv1beta1.DrainSpec, w WorkloadPod) bool {
+	if policy == nil {
+		return false
+	}
+	if w.OwnDRADriver {
+		return true
+	}
+	selected := !w.OutsideSelector && (policy.PodSelector != nil || policy.DeviceUsers == nil)
+	return selected || usesDevices(policy.DeviceUsers, w)
+}
+
+// usesDevices says whether the pod uses the Module's devices as deviceUsers names them.
+func usesDevices(du *kmmv1beta1.DrainDeviceUsers, w WorkloadPod) bool {
+	if du == nil {
+		return false
+	}
+	if du.ResourceClaims && w.HoldsClaim {
+		return true
+	}
+	return slices.ContainsFunc(w.Resources, func(r string) bool { return slices.Contains(du.ExtendedResources, r) })
 }
 
 // Why a drain never touches a pod (WorkloadPod.Spared).
@@ -93,6 +149,9 @@ type DrainPlan struct {
 	StripFinalizers  []WorkloadPod
 	// Strategy is the strongest strategy this plan runs.
 	Strategy string
+	// WaitingForJobs are the Job pods the drain waits for (upgradePolicy.drain.jobs): nothing is
+	// done to them yet.
+	WaitingForJobs []WorkloadPod
 	// TimedOut: every strategy has run, the force timeout has passed, and pods remain (seed 004's
 	// failed drain; the reconciler raises kmm_node_drain_timeout).
 	TimedOut bool
@@ -110,7 +169,7 @@ func (f *Facts) remainingWorkloads() []WorkloadPod {
 	}
 	var out []WorkloadPod
 	for _, p := range f.Drain.Pods {
-		if p.Spared() == "" && !ignored(f.Drain.Policy, p.Namespace) {
+		if p.Spared() == "" && Concerns(f.Drain.Policy, p) && !ignored(f.Drain.Policy, p.Namespace) {
 			out = append(out, p)
 		}
 	}
@@ -128,16 +187,37 @@ func ignored(policy *kmmv1beta1.DrainSpec, namespace string) bool {
 
 // MayDrain says whether the pair is draining or may start to in this step: something is loaded
 // (Loaded, or Loading or LoadBackOff while a loaded config is still recorded) and an upgrade is
-// requested or the spec no longer equals the loaded config. The reconciler reads the node's
+// requested or the spec no longer equals the loaded config (or an upstream or stranded record holds
+// a config that one step may adopt or unload); or a load worker succeeded, which one
+// step may take on to Loaded and then to an unload (found by the model's device-user property: the
+// drain was skipped when a load ended after its spec entry went). The reconciler reads the node's
 // workload pods, an API call, only then.
 func (f *Facts) MayDrain() bool {
+	return f.firstLoadSucceeded() || f.mayDrainRecorded()
+}
+
+// firstLoadSucceeded says whether a load with nothing recorded as loaded succeeded: one step may
+// record it Loaded and go on to an unload. No DRA driver of the Module can be on the node then (its
+// DaemonSet selects the ready label, which comes with Loaded), so no claim of its devices either:
+// MayUnload, which reads the cluster's ResourceClaims, leaves this case out.
+func (f *Facts) firstLoadSucceeded() bool {
+	st := f.Status
+	return (st.State == Loading || st.State == LoadBackOff) && st.Config == nil && f.Worker.Phase == PodSucceeded
+}
+
+// mayDrainRecorded is MayDrain from the record: draining, or a config recorded that may be unloaded.
+func (f *Facts) mayDrainRecorded() bool {
 	st := f.Status
 	switch {
 	case st.State == DevicePluginDraining:
 		return true
 	case st.Config == nil:
 		return false
-	case st.State == Loaded || st.State == Loading || st.State == LoadBackOff:
+	case st.State == Loaded || st.State == Loading || st.State == LoadBackOff,
+		// A record upstream KMM left (no state), adopted as Loaded, or an Absent record of a config
+		// still in the kernel (strandedLoad) may go on to an unload in the same step (found by the
+		// explorer at depth 4 from the world switched from upstream).
+		st.State == "" || st.State == Absent:
 		return f.Node.UpgradeTarget != "" || f.needsUnload()
 	}
 	return false
@@ -148,27 +228,33 @@ func uncordonPending(st *kmmv1beta1.NodeModuleStatus, f *Facts) bool {
 	return (st.State == Loaded || st.State == Absent) && st.Drain != nil && st.Drain.CordonedByKMM && !f.Node.Schedulable
 }
 
-// planDrain escalates through the strategies of seed 004 as the timeouts pass since the drain started.
+// planDrain escalates through the strategies of seed 004 as the timeouts pass since the drain
+// started; with jobs, the pods of Jobs are left alone for jobs.waitSeconds, then drained as the
+// others with the strategies' timeouts counted from the wait's end.
 func planDrain(f *Facts) *DrainPlan {
 	if !f.draining() {
 		return nil
 	}
 	pol := f.Drain.Policy
 	elapsed := f.Now.Sub(f.Status.Drain.StartTime.Time)
-	deleteAfter := time.Duration(pol.TimeoutSeconds) * time.Second
-	// Seed 004: the PDB strategy runs at drain start + expected drain time + PDB force timeout.
-	forceAfter := time.Duration(pol.ExpectedDrainSeconds+pol.PDBForceDrainTimeoutSeconds) * time.Second
+	wait := pol.JobWait()
 	p := &DrainPlan{Cordon: !f.Drain.NodeCordoned, Strategy: StrategyEvict}
-	esc := escalation{on: !pol.DisableDrainStrategies, deleteDue: elapsed >= deleteAfter, forceDue: elapsed >= forceAfter}
+	esc, jobEsc := escalationAt(pol, elapsed), escalationAt(pol, elapsed-wait)
 	var drivers []WorkloadPod
 	others := 0
 	for _, w := range f.remainingWorkloads() {
-		if w.OwnDRADriver {
+		switch {
+		case w.OwnDRADriver:
 			drivers = append(drivers, w)
 			continue
+		case w.Job && wait > 0 && elapsed < wait:
+			p.WaitingForJobs = append(p.WaitingForJobs, w)
+		case w.Job && wait > 0:
+			jobEsc.place(p, w)
+		default:
+			esc.place(p, w)
 		}
 		others++
-		esc.place(p, w)
 	}
 	// The DRA driver unprepares the claims of the pods drained: it goes only once they are gone
 	// and no claim of its devices is allocated on the node (upstream KMM's issue 1332).
@@ -177,9 +263,16 @@ func planDrain(f *Facts) *DrainPlan {
 			esc.place(p, w)
 		}
 	}
-	allRun := pol.DisableDrainStrategies || esc.forceDue
-	p.TimedOut = allRun && elapsed >= max(deleteAfter, forceAfter) && len(f.remainingWorkloads()) > 0
+	p.TimedOut = elapsed >= pol.GiveUp() && len(f.remainingWorkloads()) > 0
 	return p
+}
+
+// escalationAt says which strategies are due elapsed after the drain (or a Job pod's drain) started.
+func escalationAt(pol *kmmv1beta1.DrainSpec, elapsed time.Duration) escalation {
+	deleteAfter := time.Duration(pol.TimeoutSeconds) * time.Second
+	// Seed 004: the PDB strategy runs at drain start + expected drain time + PDB force timeout.
+	forceAfter := time.Duration(pol.ExpectedDrainSeconds+pol.PDBForceDrainTimeoutSeconds) * time.Second
+	return escalation{on: !pol.DisableDrainStrategies, deleteDue: elapsed >= deleteAfter, forceDue: elapsed >= forceAfter}
 }
 
 // escalation says which strategies are due.
@@ -232,4 +325,81 @@ func recordDrain(st *kmmv1beta1.NodeModuleStatus, f *Facts, plan *DrainPlan) {
 	}
 	st.Drain.LastStrategy = strongest(st.Drain.LastStrategy, plan.Strategy)
 	st.Drain.CordonedByKMM = st.Drain.CordonedByKMM || plan.Cordon
+}
+
+// jobWaitTrigger is the trigger that says, once per drain, that the drain waits for Job pods
+// (WaitingForJobs) and, once, that the wait is over with Job pods left (JobWaitExpired); ok is
+// false when neither is to be said now.
+func jobWaitTrigger(f *Facts) (Trigger, bool) {
+	if !f.draining() || f.Drain.Policy.JobWait() == 0 || len(f.jobPods()) == 0 {
+		return "", false
+	}
+	said := f.Status.Drain.JobWait
+	if f.jobWaitOver() {
+		return JobWaitExpired, said != kmmv1beta1.JobWaitExpired
+	}
+	return WaitingForJobs, said == ""
+}
+
+// jobWaitOver says whether jobs.waitSeconds passed since the drain started.
+func (f *Facts) jobWaitOver() bool {
+	return f.Now.Sub(f.Status.Drain.StartTime.Time) >= f.Drain.Policy.JobWait()
+}
+
+// jobPods are the Job pods among the drain's remaining workloads.
+func (f *Facts) jobPods() []WorkloadPod {
+	var out []WorkloadPod
+	for _, w := range f.remainingWorkloads() {
+		if w.Job && !w.OwnDRADriver {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+// noteJobWait records in the drain's record that a Job wait trigger was said.
+func noteJobWait(st *kmmv1beta1.NodeModuleStatus, t Trigger) {
+	if st.Drain == nil {
+		return
+	}
+	switch t {
+	case WaitingForJobs:
+		st.Drain.JobWait = kmmv1beta1.JobWaitWaiting
+	case JobWaitExpired:
+		st.Drain.JobWait = kmmv1beta1.JobWaitExpired
+	}
+}
+
+// maxJobPodsNamed bounds the Job pods a message names.
+const maxJobPodsNamed = 5
+
+// jobWaitMessage explains a Job wait trigger: which pods, until when, and what follows.
+func jobWaitMessage(t Trigger, f *Facts) string {
+	pol := f.Drain.Policy
+	pods := namePods(f.jobPods())
+	until := f.Status.Drain.StartTime.Add(pol.JobWait()).UTC().Format(time.RFC3339)
+	if t == WaitingForJobs {
+		return fmt.Sprintf("waiting for the pods of Jobs to end before the unload: %s; at %s (jobs.waitSeconds %d) they are drained as the other pods",
+			pods, until, pol.Jobs.WaitSeconds)
+	}
+	next := fmt.Sprintf("evicted now, deleted %ds later unless a PodDisruptionBudget protects them, and those %ds later",
+		pol.TimeoutSeconds, pol.ExpectedDrainSeconds+pol.PDBForceDrainTimeoutSeconds)
+	if pol.DisableDrainStrategies {
+		next = "evicted now (disableDrainStrategies: only evicted)"
+	}
+	return fmt.Sprintf("the pods of Jobs did not end within jobs.waitSeconds (%ds, until %s): %s; they are %s",
+		pol.Jobs.WaitSeconds, until, pods, next)
+}
+
+// namePods names the pods, at most maxJobPodsNamed, and says how many more.
+func namePods(pods []WorkloadPod) string {
+	var names []string
+	for i, w := range pods {
+		if i == maxJobPodsNamed {
+			names = append(names, fmt.Sprintf("and %d more", len(pods)-i))
+			break
+		}
+		names = append(names, w.Namespace+"/"+w.Name)
+	}
+	return strings.Join(names, ", ")
 }

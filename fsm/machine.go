@@ -86,6 +86,12 @@ func IsFailure(t Trigger) bool {
 	return t == WorkerFailed || t == WorkerTimedOut || t == WorkerRejected || t == HookFailed
 }
 
+// IsWarning says whether a trigger's Event is a Warning: a failure, or a drain's wait for Job pods
+// that ran out (JobWaitExpired: the pods are drained though they did not end).
+func IsWarning(t Trigger) bool {
+	return IsFailure(t) || t == JobWaitExpired
+}
+
 // ErrNotPermitted is returned (wrapped) when a trigger is not permitted in the current state.
 var ErrNotPermitted = errors.New("trigger not permitted")
 
@@ -185,6 +191,8 @@ func Configure(sm *stateless.StateMachine) {
 	sm.Configure(DevicePluginDraining).
 		Permit(DevicePluginGone, Unloading).
 		PermitReentry(ClaimsAllocated).
+		PermitReentry(WaitingForJobs).
+		PermitReentry(JobWaitExpired).
 		Permit(SpecRestored, Loaded).
 		Permit(NodeRebooted, Loading, nodeKernelMatchesSpec).
 		Permit(NodeRebooted, Absent, nodeKernelDiffersFromSpec)

@@ -44,6 +44,10 @@ const (
 	// drainForceAfter, the others after drainDeleteAfter, when finalizers of stuck pods are stripped too.
 	drainDeleteAfter = 60
 	drainForceAfter  = 120
+	// drainJobWait is the versioned Module's drain.jobs.waitSeconds; drainResource the extended
+	// resource its drain.deviceUsers names.
+	drainJobWait  = 300
+	drainResource = "example.com/dev"
 )
 
 // worldConfig is the size and the policies of a model world.
@@ -102,6 +106,8 @@ type faults struct {
 	reloadUnloadsNewConfig    bool // a reload pod's unload half is given the new config instead of the loaded one
 	drainSeesKMMPodsAsWork    bool // the drain takes kmm's worker pods for workloads (before the fix of issue 34)
 	unloadIgnoresClaims       bool // the NMC decision never sees the ResourceClaims allocated on the node (Facts.Claims)
+	drainMissesDeviceUsers    bool // the drain's facts leave out the resources a pod requests (deviceUsers never matches)
+	jobPodsUnseen             bool // the drain's facts do not say that a Job controls a pod (jobs never waits)
 	draDriverGoesWithModule   bool // a DRA driver's DaemonSets go as soon as the Module is being deleted (before the fix of issue 36)
 	readyIgnoresClaims        bool // the ready label (the DRA driver's) is decided as if no ResourceClaim were allocated
 	hookSkipped               bool // worker pods are made without the Module's hooks
@@ -158,6 +164,9 @@ type simWorkload struct {
 	pdb         bool // a PodDisruptionBudget protects it: the Eviction API refuses to evict it
 	finalizer   bool // it has a finalizer: deleted, it stays Terminating until the finalizer goes
 	terminating bool
+	// deviceUser: the podSelector does not select it, it requests the drain's extended resource.
+	deviceUser bool
+	job        bool // a Job controls it: the drain waits for it drainJobWait
 }
 
 // attemptRecord is what the back-off property remembers of a pair's last worker pod.
@@ -213,8 +222,10 @@ func newWorld(cfg *worldConfig, f faults) *world {
 		w.nmcs[n] = &simNMC{spec: map[string]kmmv1beta1.NodeModuleSpec{}, status: map[string]kmmv1beta1.NodeModuleStatus{}}
 		if cfg.drain {
 			// The first node's workload is protected by a PodDisruptionBudget and has a finalizer,
-			// so that its drain runs every strategy; the others are evicted at once.
-			w.workloads[n] = &simWorkload{pdb: i == 0, finalizer: i == 0}
+			// so that its drain runs every strategy; it is a Job's pod, waited for first, and uses
+			// the Module's devices without the podSelector selecting it. The others are selected
+			// and evicted at once.
+			w.workloads[n] = &simWorkload{pdb: i == 0, finalizer: i == 0, deviceUser: i == 0, job: i == 0}
 		}
 	}
 	for _, key := range cfg.modules {
@@ -387,7 +398,10 @@ func (w *world) drainPolicy() *kmmv1beta1.DrainSpec {
 	if !w.cfg.drain {
 		return nil
 	}
-	return &kmmv1beta1.DrainSpec{TimeoutSeconds: drainDeleteAfter, PDBForceDrainTimeoutSeconds: drainForceAfter}
+	return &kmmv1beta1.DrainSpec{TimeoutSeconds: drainDeleteAfter, PDBForceDrainTimeoutSeconds: drainForceAfter,
+		PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "workload"}},
+		DeviceUsers: &kmmv1beta1.DrainDeviceUsers{ExtendedResources: []string{drainResource}},
+		Jobs:        &kmmv1beta1.DrainJobs{WaitSeconds: drainJobWait}}
 }
 
 func splitKey(key string) (string, string) {
@@ -685,8 +699,13 @@ func (w *world) drainFacts(node, key string, f *Facts) {
 		return
 	}
 	if wl := w.workloads[node]; wl != nil {
-		f.Drain.Pods = []WorkloadPod{{Namespace: "app", Name: "workload-" + node, UID: "workload-" + node,
-			PDBProtected: wl.pdb, Terminating: wl.terminating, Finalizers: wl.finalizer}}
+		p := WorkloadPod{Namespace: "app", Name: "workload-" + node, UID: "workload-" + node,
+			PDBProtected: wl.pdb, Terminating: wl.terminating, Finalizers: wl.finalizer,
+			OutsideSelector: wl.deviceUser, Job: wl.job && !w.faults.jobPodsUnseen}
+		if wl.deviceUser && !w.faults.drainMissesDeviceUsers {
+			p.Resources = []string{"cpu", drainResource}
+		}
+		f.Drain.Pods = []WorkloadPod{p}
 	}
 	f.Drain.Pods = append(f.Drain.Pods, w.kmmPodsOn(node, key)...)
 }
@@ -830,6 +849,7 @@ func (w *world) executeDrain(node, key string, p Plan) bool {
 	for _, p := range slices.Concat(d.Evict, d.Delete, d.StripFinalizers) {
 		switch {
 		case p.Name == "workload-"+node:
+			w.checkJobWait(node, key)
 		case p.Name == w.pluginPodName(node, key) && w.hasDRA(key):
 			if w.claims[node+"/"+key] {
 				w.violate("claims: the drain of %s on %s evicts its DRA driver while a ResourceClaim of its devices is allocated there", key, node)
@@ -852,6 +872,16 @@ func (w *world) executeDrain(node, key string, p Plan) bool {
 		delete(w.workloads, node)
 	}
 	return refused
+}
+
+// checkJobWait is the Job wait's property: the drain touches a Job's pod only once jobs.waitSeconds
+// passed since the drain started (as the pair's status, just written, records it).
+func (w *world) checkJobWait(node, key string) {
+	wl, st := w.workloads[node], w.nmcs[node].status[key]
+	if wl != nil && wl.job && st.Drain != nil && w.now.Before(st.Drain.StartTime.Add(drainJobWait*time.Second)) {
+		w.violate("drain: the drain of %s on %s touches the Job pod workload-%s %s after it started, before jobs.waitSeconds (%ds)",
+			key, node, node, w.now.Sub(st.Drain.StartTime.Time), drainJobWait)
+	}
 }
 
 // patchCordon sets the node's spec.unschedulable for kmm, unless the API server refuses it.
@@ -895,6 +925,9 @@ func (w *world) createPod(node, key, name string, in *WorkerIntent) {
 	}
 	if in.Action != contract.ActionLoad && w.dpPods[node+"/"+key] {
 		w.violate("invariant 6: %s pod for %s created on %s while its device plugin pod runs", in.Action, key, node)
+	}
+	if wl := w.workloads[node]; in.Action != contract.ActionLoad && key == modVersion && wl != nil && wl.deviceUser && w.modules[key].exists {
+		w.violate("drain: %s pod for %s created on %s while a pod using its devices (%s) runs there", in.Action, key, node, drainResource)
 	}
 	if in.Action != contract.ActionLoad && w.claims[node+"/"+key] {
 		w.violate("claims: %s pod for %s created on %s while a ResourceClaim of its DRA driver is allocated there", in.Action, key, node)

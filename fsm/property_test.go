@@ -221,6 +221,10 @@ var seededFaults = []struct {
 	// leaves the devices bound (modprobe -r fails), a skipped postLoad hook a ready node whose
 	// hook never ran.
 	{"a hook skipped", faults{hookSkipped: true}, "hooks: "},
+	// Issue 40, item 6: the pods that use the Module's devices are drained though the podSelector
+	// does not select them, and the pods of Jobs are waited for before they are evicted.
+	{"the drain misses a pod using the Module's devices", faults{drainMissesDeviceUsers: true}, "drain: unload pod|drain: reload pod"},
+	{"the drain evicts a Job's pod while it waits", faults{jobPodsUnseen: true}, "drain: the drain of ns/versioned on n0 touches the Job pod"},
 }
 
 // FuzzModel runs the same property as TestModelInvariants from fuzzer-chosen inputs.

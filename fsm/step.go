@@ -136,7 +136,7 @@ func record(st *kmmv1beta1.NodeModuleStatus, t Trigger, to State, f *Facts) kmmv
 	recordOutcome(st, t, from, f)
 	// A reload after a Ready transition (seed 000's rule 5) keeps the record: the old config may
 	// still be loaded, so a different spec must unload it first.
-	if to == DevicePluginDraining && st.Drain != nil {
+	if to == DevicePluginDraining && from != DevicePluginDraining && st.Drain != nil {
 		// A new upgrade while the last one's cordon is still to be lifted: a new drain, which
 		// remembers that the cordon is kmm's.
 		st.Drain = &kmmv1beta1.DrainStatus{StartTime: metav1.NewTime(f.Now), CordonedByKMM: st.Drain.CordonedByKMM}
@@ -149,6 +149,7 @@ func record(st *kmmv1beta1.NodeModuleStatus, t Trigger, to State, f *Facts) kmmv
 	}
 	st.State, st.LastTransitionTime, st.Reason = to, tr.Time, reason
 	st.Message = messageFor(t, f)
+	noteJobWait(st, t)
 	return tr
 }
 
@@ -291,6 +292,8 @@ func messageFor(t Trigger, f *Facts) string {
 		return "node asks for version " + f.Node.UpgradeTarget + ": draining the device plugin"
 	case ClaimsAllocated:
 		return claimsMessage(f.Claims)
+	case WaitingForJobs, JobWaitExpired:
+		return jobWaitMessage(t, f)
 	}
 	return triggerMessages[t]
 }

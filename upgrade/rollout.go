@@ -320,9 +320,10 @@ func (n *RolloutNode) timedOut(label string, timeoutSeconds int32, now time.Time
 }
 
 // drainGiveUp is when a drain has run every strategy it will (fsm's planDrain says TimedOut then):
-// the later of timeoutSeconds and expectedDrainSeconds + pdbForceDrainTimeoutSeconds.
+// the later of timeoutSeconds and expectedDrainSeconds + pdbForceDrainTimeoutSeconds, after
+// jobs.waitSeconds with drain.jobs (DrainSpec.GiveUp).
 func drainGiveUp(d *kmmv1beta1.DrainSpec) time.Duration {
-	return time.Duration(max(d.TimeoutSeconds, d.ExpectedDrainSeconds+d.PDBForceDrainTimeoutSeconds)) * time.Second
+	return d.GiveUp()
 }
 
 // countStates is status.rollout.nodesByUpgradeState.

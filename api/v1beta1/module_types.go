@@ -433,6 +433,51 @@ type DrainSpec struct {
 	// DisableDrainStrategies keeps to eviction only: nothing is force-deleted.
 	// +optional
 	DisableDrainStrategies bool `json:"disableDrainStrategies,omitempty"`
+
+	// DeviceUsers (a kmm extension) drains, besides the pods podSelector selects, the pods on the
+	// node that use the Module's devices. With deviceUsers and no podSelector, only those pods are
+	// drained (without deviceUsers, no podSelector selects every pod on the node).
+	// +optional
+	DeviceUsers *DrainDeviceUsers `json:"deviceUsers,omitempty"`
+
+	// Jobs (a kmm extension) waits for the pods that Jobs control instead of evicting them, at most
+	// waitSeconds after the drain started; past it they are drained as the other pods are, the
+	// strategies escalating from the wait's end.
+	// +optional
+	Jobs *DrainJobs `json:"jobs,omitempty"`
+}
+
+// DrainDeviceUsers says which pods on a node use the Module's devices (docs/api.md, Upgrade drain).
+// +kubebuilder:validation:XValidation:rule="(has(self.extendedResources) && size(self.extendedResources) > 0) || (has(self.resourceClaims) && self.resourceClaims)",message="deviceUsers must list extendedResources or set resourceClaims"
+type DrainDeviceUsers struct {
+	// ExtendedResources are the resource names the Module's device plugin advertises (such as
+	// example.com/gpu): a pod on the node that requests or limits one of them, in any container,
+	// is drained. kmm does not guess them from the node's allocatable (which does not say which
+	// plugin registered a name): the Module lists them. At most 16.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:items:MaxLength=317
+	// +kubebuilder:validation:items:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$`
+	ExtendedResources []string `json:"extendedResources,omitempty"`
+
+	// ResourceClaims drains the pods on the node that a ResourceClaim allocated there with devices
+	// of the Module's DRA driver (spec.dra.driverName: what its DeviceClasses select) is reserved
+	// for or named by. Selects nothing for a Module without spec.dra.
+	// +optional
+	ResourceClaims bool `json:"resourceClaims,omitempty"`
+}
+
+// DrainJobs is how a drain treats the pods that Jobs control.
+type DrainJobs struct {
+	// WaitSeconds after the drain started, the Job pods still on the node are drained as the other
+	// pods: evicted, then, as the timeouts pass again from the wait's end, deleted (see docs/api.md).
+	// At least 1, at most 1 day.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=86400
+	// +kubebuilder:default=3600
+	// +optional
+	WaitSeconds int32 `json:"waitSeconds,omitempty"`
 }
 
 // UpgradePolicy (a kmm extension) says how a version change of the Module rolls out. Absent means

@@ -231,6 +231,10 @@ type DrainStatus struct {
 	// CordonedByKMM says the operator cordoned the node for this drain and uncordons it afterwards.
 	// +optional
 	CordonedByKMM bool `json:"cordonedByKMM,omitempty"`
+	// JobWait is what the pair said of the Job pods its drain waits for (upgradePolicy.drain.jobs),
+	// each once per drain: Waiting (the WaitingForJobs transition), then Expired (JobWaitExpired).
+	// +optional
+	JobWait string `json:"jobWait,omitempty"`
 }
 
 // NodeModulesConfigStatus is what is true on the node.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -49,7 +51,10 @@ func drainPolicies(modules []kmmv1beta1.Module) map[string]*kmmv1beta1.DrainSpec
 	return out
 }
 
-// drainFacts reads the workload pods a pair's drain concerns, only while the pair may drain.
+// drainFacts reads the workload pods a pair's drain concerns, only while the pair may drain: the
+// pods on the node its podSelector selects (listed with that selector), or, with deviceUsers, every
+// pod on the node (one list per reconcile, whatever the number of pairs) of which fsm.Concerns
+// keeps the selected ones and those that use the Module's devices.
 func (r *NMCReconciler) drainFacts(ctx context.Context, f *nodeFacts, key string, facts *fsm.Facts) (fsm.DrainFacts, error) {
 	policy := f.drains[key]
 	out := fsm.DrainFacts{Policy: policy, NodeCordoned: f.node.Spec.Unschedulable}
@@ -64,41 +69,160 @@ func (r *NMCReconciler) drainFacts(ctx context.Context, f *nodeFacts, key string
 		}
 		sel = s
 	}
-	pods := &corev1.PodList{}
-	if err := r.APIReader.List(ctx, pods, client.MatchingLabelsSelector{Selector: sel},
-		client.MatchingFieldsSelector{Selector: fields.OneTermEqualSelector("spec.nodeName", f.node.Name)}); err != nil {
+	pods, err := r.drainCandidates(ctx, f, policy, sel)
+	if err != nil {
 		return out, err
 	}
-	// Pods that ended, and the pods a drain spares, are no drain's business: not even their
-	// namespace's PodDisruptionBudgets are read.
+	holders := claimHolders(f, key, policy)
+	// Pods that ended, and the pods a drain spares or does not concern, are no drain's business:
+	// not even their namespace's PodDisruptionBudgets are read.
 	var targets []*corev1.Pod
-	for i := range pods.Items {
-		p := &pods.Items[i]
-		if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed && observeWorkload(p, nil).Spared() == "" &&
-			!isOwnDRADriver(f, key, p) {
-			targets = append(targets, p)
+	var observed []fsm.WorkloadPod
+	for _, p := range pods {
+		w := observeCandidate(p, policy, sel, holders)
+		if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed && w.Spared() == "" &&
+			!isOwnDRADriver(f, key, p) && fsm.Concerns(policy, w) {
+			targets, observed = append(targets, p), append(observed, w)
 		}
 	}
 	pdbs, err := r.pdbsFor(ctx, targets)
 	if err != nil {
 		return out, err
 	}
-	for _, p := range targets {
-		out.Pods = append(out.Pods, observeWorkload(p, pdbs))
+	for i, p := range targets {
+		observed[i].PDBProtected = protected(p, pdbs)
 	}
-	out.Pods = append(out.Pods, ownDRADrivers(f, key)...)
+	out.Pods = append(observed, ownDRADrivers(f, key)...)
 	return out, nil
 }
 
-// observeWorkload turns a pod the drain's podSelector selects into the facts the drain plan reads,
-// among them what makes a drain spare it (fsm.WorkloadPod.Spared): kmm's own pod, a static pod's
-// mirror, a DaemonSet's pod.
+// drainCandidates lists the pods on the node a drain may concern: those the podSelector selects,
+// or every pod on the node with deviceUsers (read once per reconcile and kept in f.nodePods).
+// Either is one list of the node's pods by spec.nodeName from the API server, never a cluster-wide
+// one: at most the node's pod capacity (110 by default).
+func (r *NMCReconciler) drainCandidates(ctx context.Context, f *nodeFacts, policy *kmmv1beta1.DrainSpec, sel labels.Selector) ([]*corev1.Pod, error) {
+	onNode := client.MatchingFieldsSelector{Selector: fields.OneTermEqualSelector("spec.nodeName", f.node.Name)}
+	if policy.DeviceUsers == nil {
+		pods := &corev1.PodList{}
+		if err := r.APIReader.List(ctx, pods, client.MatchingLabelsSelector{Selector: sel}, onNode); err != nil {
+			return nil, err
+		}
+		return podPointers(pods.Items), nil
+	}
+	if f.nodePods == nil {
+		pods := &corev1.PodList{}
+		if err := r.APIReader.List(ctx, pods, onNode); err != nil {
+			return nil, err
+		}
+		f.nodePods = podPointers(pods.Items)
+	}
+	return f.nodePods, nil
+}
+
+func podPointers(items []corev1.Pod) []*corev1.Pod {
+	out := make([]*corev1.Pod, 0, len(items))
+	for i := range items {
+		out = append(out, &items[i])
+	}
+	return out
+}
+
+// observeCandidate is observeWorkload plus what a drain with deviceUsers and jobs reads: whether
+// the podSelector misses the pod, the resources it requests, whether it holds a claim of the
+// Module's DRA driver.
+func observeCandidate(p *corev1.Pod, policy *kmmv1beta1.DrainSpec, sel labels.Selector, holders claimHolderSet) fsm.WorkloadPod {
+	w := observeWorkload(p, nil)
+	w.OutsideSelector = policy.PodSelector != nil && !sel.Matches(labels.Set(p.Labels))
+	if du := policy.DeviceUsers; du != nil {
+		w.Resources = podResources(p, du.ExtendedResources)
+		w.HoldsClaim = du.ResourceClaims && holders.holds(p)
+	}
+	return w
+}
+
+// podResources are the resource names the pod's containers (init containers included) request or
+// limit: the ones listed first, then the others, each sorted, at most fsm.MaxPodResources.
+func podResources(p *corev1.Pod, listed []string) []string {
+	seen := map[string]bool{}
+	for _, c := range slices.Concat(p.Spec.InitContainers, p.Spec.Containers) {
+		for name := range c.Resources.Requests {
+			seen[string(name)] = true
+		}
+		for name := range c.Resources.Limits {
+			seen[string(name)] = true
+		}
+	}
+	var first, rest []string
+	for _, name := range slices.Sorted(maps.Keys(seen)) {
+		if slices.Contains(listed, name) {
+			first = append(first, name)
+		} else {
+			rest = append(rest, name)
+		}
+	}
+	out := append(first, rest...)
+	return out[:min(len(out), fsm.MaxPodResources)]
+}
+
+// claimHolderSet are the pods that ResourceClaims allocated on the node with the Module's DRA
+// driver's devices are reserved for (by UID), and those claims' names ("namespace/name").
+type claimHolderSet struct {
+	uids   map[types.UID]bool
+	claims map[string]bool
+}
+
+// claimHolders reads them from the ResourceClaims this reconcile read already (f.claims: read for
+// a Module with a DRA driver whose pair may unload, as a pair that may drain may, but after a first
+// load, when the driver cannot be on the node yet): no other list.
+func claimHolders(f *nodeFacts, key string, policy *kmmv1beta1.DrainSpec) claimHolderSet {
+	out := claimHolderSet{uids: map[types.UID]bool{}, claims: map[string]bool{}}
+	driver := f.drivers[key]
+	if policy.DeviceUsers == nil || !policy.DeviceUsers.ResourceClaims || driver == "" {
+		return out
+	}
+	for i := range f.claims {
+		c := &f.claims[i]
+		if !fsm.ClaimHoldsNode(c, driver, f.node.Name, f.node.Labels) {
+			continue
+		}
+		out.claims[c.Namespace+"/"+c.Name] = true
+		for _, ref := range c.Status.ReservedFor {
+			if ref.Resource == "pods" && ref.APIGroup == "" {
+				out.uids[ref.UID] = true
+			}
+		}
+	}
+	return out
+}
+
+// holds says whether one of the claims is reserved for the pod or named by it.
+func (s claimHolderSet) holds(p *corev1.Pod) bool {
+	if s.uids[p.UID] {
+		return true
+	}
+	for _, st := range p.Status.ResourceClaimStatuses {
+		if st.ResourceClaimName != nil && s.claims[p.Namespace+"/"+*st.ResourceClaimName] {
+			return true
+		}
+	}
+	for _, rc := range p.Spec.ResourceClaims {
+		if rc.ResourceClaimName != nil && s.claims[p.Namespace+"/"+*rc.ResourceClaimName] {
+			return true
+		}
+	}
+	return false
+}
+
+// observeWorkload turns a pod on the node into the facts the drain plan reads, among them what
+// makes a drain spare it (fsm.WorkloadPod.Spared): kmm's own pod, a static pod's mirror, a
+// DaemonSet's pod; and whether a Job controls it.
 func observeWorkload(p *corev1.Pod, pdbs []policyv1.PodDisruptionBudget) fsm.WorkloadPod {
 	_, mirror := p.Annotations[corev1.MirrorPodAnnotationKey]
 	owner := metav1.GetControllerOf(p)
 	return fsm.WorkloadPod{Namespace: p.Namespace, Name: p.Name, UID: string(p.UID),
 		PDBProtected: protected(p, pdbs), Terminating: p.DeletionTimestamp != nil, Finalizers: len(p.Finalizers) > 0,
-		CreatedByKMM: contract.CreatedByKMM(p.Labels), Mirror: mirror, DaemonSet: owner != nil && owner.Kind == "DaemonSet"}
+		CreatedByKMM: contract.CreatedByKMM(p.Labels), Mirror: mirror, DaemonSet: owner != nil && owner.Kind == "DaemonSet",
+		Job: owner != nil && owner.Kind == "Job" && strings.HasPrefix(owner.APIVersion, "batch/")}
 }
 
 func (r *NMCReconciler) pdbsFor(ctx context.Context, pods []*corev1.Pod) ([]policyv1.PodDisruptionBudget, error) {

@@ -15,8 +15,8 @@ import (
 )
 
 // record counts a metric for every transition and emits its Event where transitionEventScope puts
-// it: failures, node happenings and a pair's last transition once per node on the NMC (failures on
-// the Module too); the happy path's transitions once per Module, reason and target state, which
+// it: failures (and a drain's Job wait that ran out, JobWaitExpired), node happenings and a pair's
+// last transition once per node on the NMC (those Warnings on the Module too); the happy path's transitions once per Module, reason and target state, which
 // the event broadcaster folds into one Event series (its count is the number of transitions). The
 // NMC's transition log (kubectl kmm history) keeps every transition of every pair.
 func (r *NMCReconciler) record(f *nodeFacts, outcomes []pairOutcome) {
@@ -74,7 +74,7 @@ const (
 // unload, a bump and an upgrade, which the pair's transition log keeps.
 func transitionEventScope(t kmmv1beta1.Transition, leftTable bool) eventScope {
 	switch trig := fsm.Trigger(t.Trigger); {
-	case fsm.IsFailure(trig):
+	case fsm.IsWarning(trig):
 		return eventFailure
 	case leftTable, trig == fsm.NodeRebooted, trig == fsm.KernelChanged, trig == fsm.Adopted:
 		return eventPerNode

@@ -111,7 +111,10 @@ type nodeFacts struct {
 	drivers    map[string]string // by module key: the DRA driver name of a Module with spec.dra
 	// claims are the ResourceClaims read once per reconcile, only when a pair of a Module with a
 	// DRA driver may unload (nil: not read yet).
-	claims     []resourcev1.ResourceClaim
+	claims []resourcev1.ResourceClaim
+	// nodePods are the pods on the node, read once per reconcile for a drain with deviceUsers
+	// (nil: not read yet).
+	nodePods   []*corev1.Pod
 	modulesSet map[string]bool // module keys whose Module exists and is not being deleted
 	moduleKeys map[string]bool // module keys of every Module, being deleted or not
 	drains     map[string]*kmmv1beta1.DrainSpec

@@ -3,6 +3,7 @@ package validation
 import (
 	"fmt"
 	"path"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -339,6 +340,32 @@ func validateUpgradePolicy(p *field.Path, up *kmmv1beta1.UpgradePolicy) field.Er
 				errs = append(errs, field.Invalid(p.Child("drain", "ignoredNamespacePatterns").Index(i), pattern, "not a valid Go regular expression within kmm's bounds: "+err.Error()))
 			}
 		}
+		errs = append(errs, validateDrainExtensions(p.Child("drain"), up.Drain)...)
+	}
+	return errs
+}
+
+// extendedResourceName is the schema's pattern of drain.deviceUsers.extendedResources[].
+var extendedResourceName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$`)
+
+// validateDrainExtensions re-checks the schema's rules of drain.deviceUsers and drain.jobs.
+func validateDrainExtensions(p *field.Path, d *kmmv1beta1.DrainSpec) field.ErrorList {
+	var errs field.ErrorList
+	if du := d.DeviceUsers; du != nil {
+		if len(du.ExtendedResources) == 0 && !du.ResourceClaims {
+			errs = append(errs, field.Required(p.Child("deviceUsers"), "deviceUsers must list extendedResources or set resourceClaims"))
+		}
+		if len(du.ExtendedResources) > 16 {
+			errs = append(errs, field.TooMany(p.Child("deviceUsers", "extendedResources"), len(du.ExtendedResources), 16))
+		}
+		for i, name := range du.ExtendedResources {
+			if len(name) > 317 || !extendedResourceName.MatchString(name) {
+				errs = append(errs, field.Invalid(p.Child("deviceUsers", "extendedResources").Index(i), name, "should match '"+extendedResourceName.String()+"'"))
+			}
+		}
+	}
+	if j := d.Jobs; j != nil && (j.WaitSeconds < 1 || j.WaitSeconds > 86400) {
+		errs = append(errs, field.Invalid(p.Child("jobs", "waitSeconds"), j.WaitSeconds, "should be from 1 to 86400 (a day)"))
 	}
 	return errs
 }
