@@ -193,16 +193,18 @@ func ignored(policy *kmmv1beta1.DrainSpec, namespace string) bool {
 // drain was skipped when a load ended after its spec entry went). The reconciler reads the node's
 // workload pods, an API call, only then.
 func (f *Facts) MayDrain() bool {
-	return f.firstLoadSucceeded() || f.mayDrainRecorded()
+	return f.firstLoadInKernel() || f.mayDrainRecorded()
 }
 
-// firstLoadSucceeded says whether a load with nothing recorded as loaded succeeded: one step may
-// record it Loaded and go on to an unload. No DRA driver of the Module can be on the node then (its
-// DaemonSet selects the ready label, which comes with Loaded), so no claim of its devices either:
-// MayUnload, which reads the cluster's ResourceClaims, leaves this case out.
-func (f *Facts) firstLoadSucceeded() bool {
+// firstLoadInKernel says whether a load with nothing recorded as loaded succeeded, or loaded the
+// module before its postLoad hook failed: one step may record it (Loaded, or LoadBackOff with the
+// config) and go on to an unload (the explorer found the hook case once hooks met device users).
+// No DRA driver of the Module can be on the node then (its DaemonSet selects the ready label,
+// which comes with Loaded), so no claim of its devices either: MayUnload, which reads the
+// cluster's ResourceClaims, leaves this case out.
+func (f *Facts) firstLoadInKernel() bool {
 	st := f.Status
-	return (st.State == Loading || st.State == LoadBackOff) && st.Config == nil && f.Worker.Phase == PodSucceeded
+	return (st.State == Loading || st.State == LoadBackOff) && st.Config == nil && (f.Worker.Phase == PodSucceeded || f.loadedByFailedHook())
 }
 
 // mayDrainRecorded is MayDrain from the record: draining, or a config recorded that may be unloaded.
