@@ -63,7 +63,7 @@ func requirementHolds(r corev1.NodeSelectorRequirement, v string, present bool) 
 // MayUnload says whether the pair may unload in this step or soon, or take its DRA driver away, the
 // only times ResourceClaims are a fact of its decision (the reconciler reads them then,
 // Facts.Claims): it may drain (Facts.MayDrain, but a first load that just succeeded:
-// firstLoadSucceeded), or it has a config recorded and is not simply
+// firstLoadInKernel), or it has a config recorded and is not simply
 // Loaded (unloading, loading again, backing off), or it is Loaded and a Ready transition is about
 // to have it load again.
 func (f *Facts) MayUnload() bool {
