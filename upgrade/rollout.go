@@ -54,6 +54,12 @@ type RolloutNode struct {
 	DevicePluginPending bool
 	// Validation is the node's validation pod for the Module's version (zero: none).
 	Validation ValidationPod
+	// KernelVersion is the node's kernel (status.nodeInfo.kernelVersion): a rollback loads the
+	// previous version's config for it.
+	KernelVersion string
+	// Running is the config in the pair's NMC status with the worker pod settings that loaded it
+	// (nil when none): what status.rollout.previous records of the previous version.
+	Running *kmmv1beta1.PreviousConfig
 }
 
 // ValidationPhase is what became of a validation pod.
@@ -97,7 +103,7 @@ type Intent struct {
 type Progress struct {
 	// Total counts the nodes the rollout manages (selected, not skipped).
 	Total int
-	// Done, InProgress and Pending partition the managed nodes.
+	// Done, InProgress, Pending, RollingBack and RolledBack partition the managed nodes.
 	Done, InProgress, Pending int
 	// Unavailable counts in-progress nodes plus cordoned or NotReady nodes, done or not.
 	Unavailable int
@@ -109,6 +115,12 @@ type Progress struct {
 	FailureBudget int
 	// Skipped counts the selected nodes with the upgrade-skip label.
 	Skipped int
+	// RollingBack and RolledBack count the nodes of a rollback (status.rollout.rollback) on their
+	// way back to the previous version and running it; they are not in Done, InProgress or Pending.
+	RollingBack, RolledBack int
+	// CanaryWaiting counts the pending nodes that are not canaries while the canaries have not
+	// soaked (they are in Pending too).
+	CanaryWaiting int
 }
 
 // Complete says whether every managed node runs the Module's version.
@@ -136,6 +148,11 @@ type RolloutDecision struct {
 	NewlyFailed []kmmv1beta1.RolloutNodeStatus
 	// Validate are the nodes whose validation pod for the version is to be created.
 	Validate []string
+	// UndoRefused says why a new rollout-undo annotation could not roll back (one Event); "" when
+	// none was refused.
+	UndoRefused string
+	// RollbackStarted: this step started a rollback (one Event).
+	RollbackStarted bool
 }
 
 // DecideRollout returns the version-module labels to set, the classification of the selected nodes
@@ -172,27 +189,63 @@ func DecideRollout(in RolloutInput) RolloutDecision {
 		return RolloutDecision{}
 	}
 	version := m.Spec.Version()
-	p, c := classify(m, in.Nodes, in.Now)
+	previous := decidePrevious(m, in.Nodes)
+	rb, observedUndo, refused := carriedRollback(m, previous, in.Now)
+	canary := chooseCanary(m, in.Nodes)
+	p, c := classify(m, in.Nodes, in.Now, rollbackScope{rb, previous, version}, canary)
 	p.Budget = budget(m.Spec.UpgradePolicy.MaxUnavailable, p.Total)
 	p.FailureBudget = failureBudget(m.Spec.UpgradePolicy.MaxFailed, p.Total)
-	d := RolloutDecision{Progress: p}
-	nodes := listed(c.failed, c.upgrading) // sorts both by name
+	d := RolloutDecision{Progress: p, UndoRefused: refused}
+	slices.SortFunc(c.failed, byName)
 	d.Status, d.PausedNow = decidePause(m, p, c.failed, in.Now)
+	rb, d.RollbackStarted = rollbackFailed(m, d.Status, rb, previous, &c, in.Nodes, in.Now)
+	nodes := listed(c.failed, c.upgrading) // sorts both by name
 	d.Status.NodesByUpgradeState = countStates(p)
 	d.Status.Nodes = nodes
+	d.Status.Previous, d.Status.Rollback, d.Status.ObservedUndo = previous, rb, observedUndo
+	d.Status.Canary = canary.status(c.canaryDone, in.Now)
 	d.NewlyFailed = newlyFailed(m.Status.Rollout, version, c.failed)
 	d.Validate = c.validate
 
-	starts := c.pending
-	slices.SortFunc(starts, strings.Compare)
-	starts = starts[:min(max(p.Budget-p.Unavailable, 0), len(starts))]
-	if d.Status.Paused != nil {
-		starts = nil
+	d.Intents = intentsOf(version, c.retarget, nil)
+	if rb != nil {
+		d.Intents = intentsOf(rb.Version, c.back, d.Intents)
 	}
-	for _, name := range append(slices.Sorted(slices.Values(c.retarget)), starts...) {
-		d.Intents = append(d.Intents, Intent{Node: name, Version: version})
-	}
+	d.Intents = intentsOf(startVersion(version, rb), starts(p, c, rb, d.Status, canary.passed(c.canaryDone, in.Now)), d.Intents)
 	return d
+}
+
+// starts are the pending nodes that start this step, by name: none while paused (but for an
+// undo, whose upgraded nodes go back), only canaries until they soaked, at most budget −
+// unavailable of them.
+func starts(p Progress, c candidates, rb *kmmv1beta1.RolloutRollback, st *kmmv1beta1.RolloutStatus, canaryPassed bool) []string {
+	out := c.pending
+	switch {
+	case rb != nil && rb.Reason == kmmv1beta1.ReasonRollbackUndo:
+		out = c.undo
+	case rb != nil || st.Paused != nil:
+		return nil
+	case !canaryPassed:
+		out = c.canaryPending
+	}
+	out = slices.Sorted(slices.Values(out))
+	return out[:min(max(p.Budget-p.Unavailable, 0), len(out))]
+}
+
+// startVersion is the version a starting node goes to: the previous one during an undo.
+func startVersion(version string, rb *kmmv1beta1.RolloutRollback) string {
+	if rb != nil && rb.Reason == kmmv1beta1.ReasonRollbackUndo {
+		return rb.Version
+	}
+	return version
+}
+
+// intentsOf appends an intent to version for each node, by name.
+func intentsOf(version string, nodes []string, out []Intent) []Intent {
+	for _, name := range slices.Sorted(slices.Values(nodes)) {
+		out = append(out, Intent{Node: name, Version: version})
+	}
+	return out
 }
 
 // candidates are the nodes a rollout may label (pending nodes that may start, Ready and
@@ -201,16 +254,22 @@ func DecideRollout(in RolloutInput) RolloutDecision {
 type candidates struct {
 	pending, retarget, validate []string
 	failed, upgrading           []kmmv1beta1.RolloutNodeStatus
+	// back are the nodes of a rollback whose label goes to the previous version at once (they are
+	// unavailable already); undo are the upgraded ones an undo moves back within maxUnavailable.
+	back, undo []string
+	// canaryPending are the pending canary nodes; canaryDone says whether every canary is Upgraded.
+	canaryPending []string
+	canaryDone    bool
 }
 
 // classify counts the managed nodes as done, in progress (failed or not) or pending and returns the
 // nodes that may be labelled and those listed.
-func classify(m *kmmv1beta1.Module, nodes []RolloutNode, now time.Time) (Progress, candidates) {
+func classify(m *kmmv1beta1.Module, nodes []RolloutNode, now time.Time, rs rollbackScope, cn canaryChoice) (Progress, candidates) {
 	version := m.Spec.Version()
 	labelKey := kmmv1beta1.ModuleVersionLabel(m.Namespace, m.Name)
 	skipKey := kmmv1beta1.UpgradeSkipLabel(m.Namespace, m.Name)
 	var p Progress
-	var c candidates
+	c := candidates{canaryDone: true}
 	for i := range nodes {
 		n := &nodes[i]
 		if _, skip := n.Labels[skipKey]; skip {
@@ -221,8 +280,18 @@ func classify(m *kmmv1beta1.Module, nodes []RolloutNode, now time.Time) (Progres
 		label, hasLabel := n.Labels[labelKey]
 		runsLabel := n.State == kmmv1beta1.StateLoaded && n.LoadedVersion == label
 		unavailable := !n.Ready || n.Unschedulable
+		done := hasLabel && label == version && runsLabel && n.verified(m.Spec.UpgradePolicy)
+		if cn.is(n.Name) && !done {
+			c.canaryDone = false
+		}
+		if handled, busy := c.goBack(&p, n, label, done, rs); handled {
+			if unavailable || busy {
+				p.Unavailable++
+			}
+			continue
+		}
 		switch {
-		case hasLabel && label == version && runsLabel && n.verified(m.Spec.UpgradePolicy):
+		case done:
 			p.Done++
 		case hasLabel && label == version:
 			p.InProgress++
@@ -235,15 +304,28 @@ func classify(m *kmmv1beta1.Module, nodes []RolloutNode, now time.Time) (Progres
 			c.inProgress(&p, n, label, m.Spec.UpgradePolicy, now)
 		default:
 			p.Pending++
-			if !unavailable {
-				c.pending = append(c.pending, n.Name)
-			}
+			c.pend(&p, n.Name, unavailable, cn)
 		}
 		if unavailable {
 			p.Unavailable++
 		}
 	}
 	return p, c
+}
+
+// pend files a pending node: a candidate to start when available, a canary candidate when it is
+// one, and CanaryWaiting when the rollout has canaries and it is not one.
+func (c *candidates) pend(p *Progress, name string, unavailable bool, cn canaryChoice) {
+	if cn.active() && !cn.is(name) {
+		p.CanaryWaiting++
+	}
+	if unavailable {
+		return
+	}
+	c.pending = append(c.pending, name)
+	if cn.is(name) {
+		c.canaryPending = append(c.canaryPending, name)
+	}
 }
 
 // inProgress lists an in-progress node as failed or upgrading.
@@ -329,8 +411,9 @@ func drainGiveUp(d *kmmv1beta1.DrainSpec) time.Duration {
 func countStates(p Progress) map[kmmv1beta1.UpgradeState]int32 {
 	out := map[kmmv1beta1.UpgradeState]int32{}
 	for state, n := range map[kmmv1beta1.UpgradeState]int{
-		kmmv1beta1.UpgradePending: p.Pending, kmmv1beta1.Upgrading: p.InProgress - p.Failed, kmmv1beta1.Upgraded: p.Done,
+		kmmv1beta1.UpgradePending: p.Pending - p.CanaryWaiting, kmmv1beta1.Upgrading: p.InProgress - p.Failed, kmmv1beta1.Upgraded: p.Done,
 		kmmv1beta1.UpgradeFailed: p.Failed, kmmv1beta1.UpgradeSkipped: p.Skipped,
+		kmmv1beta1.RollingBack: p.RollingBack, kmmv1beta1.RolledBack: p.RolledBack, kmmv1beta1.CanaryWaiting: p.CanaryWaiting,
 	} {
 		if n > 0 {
 			out[state] = count32(n)
@@ -342,7 +425,6 @@ func countStates(p Progress) map[kmmv1beta1.UpgradeState]int32 {
 // listed is status.rollout.nodes: failed nodes, then upgrading ones, each by name, at most
 // MaxRolloutNodesListed.
 func listed(failed, upgrading []kmmv1beta1.RolloutNodeStatus) []kmmv1beta1.RolloutNodeStatus {
-	byName := func(a, b kmmv1beta1.RolloutNodeStatus) int { return strings.Compare(a.Name, b.Name) }
 	slices.SortFunc(failed, byName)
 	slices.SortFunc(upgrading, byName)
 	out := append(slices.Clone(failed), upgrading...)
@@ -351,6 +433,9 @@ func listed(failed, upgrading []kmmv1beta1.RolloutNodeStatus) []kmmv1beta1.Rollo
 	}
 	return out[:min(len(out), kmmv1beta1.MaxRolloutNodesListed)]
 }
+
+// byName orders status rows by node name.
+func byName(a, b kmmv1beta1.RolloutNodeStatus) int { return strings.Compare(a.Name, b.Name) }
 
 // newlyFailed are the failed nodes the last status of the same version did not list as failed.
 func newlyFailed(prev *kmmv1beta1.RolloutStatus, version string, failed []kmmv1beta1.RolloutNodeStatus) []kmmv1beta1.RolloutNodeStatus {
