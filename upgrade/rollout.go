@@ -198,7 +198,9 @@ func DecideRollout(in RolloutInput) RolloutDecision {
 	d := RolloutDecision{Progress: p, UndoRefused: refused}
 	slices.SortFunc(c.failed, byName)
 	d.Status, d.PausedNow = decidePause(m, p, c.failed, in.Now)
+	undoStarted := rb != nil && rb.Reason == kmmv1beta1.ReasonRollbackUndo && observedUndo != priorUndo(m)
 	rb, d.RollbackStarted = rollbackFailed(m, d.Status, rb, previous, &c, in.Nodes, in.Now)
+	d.RollbackStarted = d.RollbackStarted || undoStarted
 	nodes := listed(c.failed, c.upgrading) // sorts both by name
 	d.Status.NodesByUpgradeState = countStates(p)
 	d.Status.Nodes = nodes
@@ -432,6 +434,14 @@ func listed(failed, upgrading []kmmv1beta1.RolloutNodeStatus) []kmmv1beta1.Rollo
 		return nil
 	}
 	return out[:min(len(out), kmmv1beta1.MaxRolloutNodesListed)]
+}
+
+// priorUndo is the rollout-undo value the last status observed.
+func priorUndo(m *kmmv1beta1.Module) string {
+	if m.Status.Rollout == nil {
+		return ""
+	}
+	return m.Status.Rollout.ObservedUndo
 }
 
 // byName orders status rows by node name.

@@ -154,7 +154,7 @@ func TestUndo(t *testing.T) {
 	step(m, tNow, ns...)
 	m.Annotations = map[string]string{kmmv1beta1.RolloutUndoAnnotation: "t1"}
 	d := step(m, tNow, ns...)
-	if rb := d.Status.Rollback; rb == nil || rb.Reason != kmmv1beta1.ReasonRollbackUndo || rb.Version != "v1" || d.Status.ObservedUndo != "t1" {
+	if rb := d.Status.Rollback; rb == nil || rb.Reason != kmmv1beta1.ReasonRollbackUndo || rb.Version != "v1" || d.Status.ObservedUndo != "t1" || !d.RollbackStarted {
 		t.Fatalf("rollback %+v (observed %q): want an undo to v1", rb, d.Status.ObservedUndo)
 	}
 	// d (in progress) goes back at once; b and c (upgraded) within maxUnavailable, which d uses up.
@@ -168,7 +168,7 @@ func TestUndo(t *testing.T) {
 		t.Fatalf("intents %v, progress %+v: want b next, a and d RolledBack", d.Intents, d.Progress)
 	}
 	// The same annotation again starts nothing new; a resume ends the undo.
-	if !d.Status.Rollback.Since.Equal(&since) {
+	if !d.Status.Rollback.Since.Equal(&since) || d.RollbackStarted {
 		t.Fatal("the undo restarted")
 	}
 	m.Annotations[kmmv1beta1.RolloutResumeAnnotation] = "r1"
