@@ -47,7 +47,7 @@ func configFor(p *kmmv1beta1.PreviousVersion, kernel string) *kmmv1beta1.Previou
 // once its label names the previous version and its pair is Loaded with it, RollingBack while on
 // its way (busy: unavailable), and RollingBack with its label to move at once when it is upgrading
 // or failed (for failed nodes: whatever its state); an undo moves an Upgraded node later, within
-// maxUnavailable (undo). A node without the label, or with another one, is left alone.
+// maxUnavailable, when it is Ready and schedulable (undo). A node without the label, or with another one, is left alone.
 func (c *candidates) goBack(p *Progress, n *RolloutNode, label string, done bool, rs rollbackScope) (handled, busy bool) {
 	if !rs.covers(n) {
 		return false, false
@@ -65,7 +65,9 @@ func (c *candidates) goBack(p *Progress, n *RolloutNode, label string, done bool
 	case label == "":
 		return false, false
 	case undo && done:
-		c.undo = append(c.undo, n.Name)
+		if n.Ready && !n.Unschedulable {
+			c.undo = append(c.undo, n.Name)
+		}
 		return false, false
 	case undo && !n.startedTowards(label) && !(label == rs.version && n.LoadedVersion != label):
 		// pending with another label: an undo moves the nodes of this rollout only

@@ -93,6 +93,13 @@ func (n *RolloutNode) startedTowards(label string) bool {
 	return n.State == kmmv1beta1.StateUpgrading || n.CordonedByKMM || (n.LoadedVersion != "" && n.LoadedVersion != label)
 }
 
+// leaving says whether the node's pair drains or unloads the version it runs: a node sent back
+// while it started to leave its version, and left there by the end of the rollback, is unavailable
+// until its pair is Loaded again.
+func (n *RolloutNode) leaving() bool {
+	return n.State == kmmv1beta1.StateDevicePluginDraining || n.State == kmmv1beta1.StateUnloading || n.State == kmmv1beta1.StateUnloadBackOff
+}
+
 // Intent asks to set the version-module label of Node to Version.
 type Intent struct {
 	Node    string
@@ -174,7 +181,8 @@ type RolloutDecision struct {
 //     or once its pair stayed in one state (but Loaded with another version than its label) for
 //     nodeTimeoutSeconds; it stays in progress, and unavailable;
 //   - unavailable = in-progress nodes + cordoned or NotReady nodes (done ones too: a cordon kmm
-//     has not lifted yet, or a node that went NotReady after its upgrade, is unavailable all the same);
+//     has not lifted yet, or a node that went NotReady after its upgrade, is unavailable all the same)
+//     + pending nodes whose pair drains or unloads (leaving);
 //   - a node in progress to a version the Module no longer has (a bump during the rollout) is
 //     retargeted at once: it is unavailable already, and kmm's own cordon would otherwise keep it
 //     from ever starting again;
@@ -281,7 +289,7 @@ func classify(m *kmmv1beta1.Module, nodes []RolloutNode, now time.Time, rs rollb
 		p.Total++
 		label, hasLabel := n.Labels[labelKey]
 		runsLabel := n.State == kmmv1beta1.StateLoaded && n.LoadedVersion == label
-		unavailable := !n.Ready || n.Unschedulable
+		unavailable := !n.Ready || n.Unschedulable || n.leaving()
 		done := hasLabel && label == version && runsLabel && n.verified(m.Spec.UpgradePolicy)
 		if cn.is(n.Name) && !done {
 			c.canaryDone = false
