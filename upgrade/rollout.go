@@ -182,7 +182,7 @@ type RolloutDecision struct {
 //     nodeTimeoutSeconds; it stays in progress, and unavailable;
 //   - unavailable = in-progress nodes + cordoned or NotReady nodes (done ones too: a cordon kmm
 //     has not lifted yet, or a node that went NotReady after its upgrade, is unavailable all the same)
-//     + pending nodes whose pair drains or unloads (leaving);
+//   - pending nodes whose pair drains or unloads (leaving);
 //   - a node in progress to a version the Module no longer has (a bump during the rollout) is
 //     retargeted at once: it is unavailable already, and kmm's own cordon would otherwise keep it
 //     from ever starting again;
