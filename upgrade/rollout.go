@@ -181,14 +181,20 @@ type RolloutDecision struct {
 //     or once its pair stayed in one state (but Loaded with another version than its label) for
 //     nodeTimeoutSeconds; it stays in progress, and unavailable;
 //   - unavailable = in-progress nodes + cordoned or NotReady nodes (done ones too: a cordon kmm
-//     has not lifted yet, or a node that went NotReady after its upgrade, is unavailable all the same)
-//   - pending nodes whose pair drains or unloads (leaving);
+//     has not lifted yet, or a node that went NotReady after its upgrade, is unavailable all the
+//     same), and pending nodes whose pair drains or unloads (leaving);
 //   - a node in progress to a version the Module no longer has (a bump during the rollout) is
 //     retargeted at once: it is unavailable already, and kmm's own cordon would otherwise keep it
 //     from ever starting again;
 //   - the rollout is paused (decidePause) by the user (upgradePolicy.paused), or by itself once
 //     maxFailed nodes beyond those failed at the last resume are UpgradeFailed, until the user
 //     resumes it or the version changes; a paused rollout starts no node (retargets still go);
+//   - with upgradePolicy.canary, only the canary nodes (chooseCanary) start until every one of
+//     them has been done for soakSeconds; the others are CanaryWaiting;
+//   - a rollback (rollback.go: the failed nodes of a paused rollout with rollbackFailed, or every
+//     node after kubectl kmm rollout undo) sends its nodes' labels back to status.rollout.previous's
+//     version — the upgrading and failed ones at once, the upgraded ones of an undo within the
+//     budget — and starts no node towards the version while it lasts;
 //   - else at most budget − unavailable pending nodes start, by name; a cordoned or NotReady
 //     pending node never starts.
 func DecideRollout(in RolloutInput) RolloutDecision {
