@@ -160,6 +160,10 @@ type RolloutDecision struct {
 	UndoRefused string
 	// RollbackStarted: this step started a rollback (one Event).
 	RollbackStarted bool
+	// OldestSince is, per upgrade state of moving nodes (Upgrading, UpgradeFailed, RollingBack),
+	// when the pair longest in its state entered it (a node Loaded with another version than its
+	// label, whose upgrade has not reached its pair, aside).
+	OldestSince map[kmmv1beta1.UpgradeState]time.Time
 }
 
 // DecideRollout returns the version-module labels to set, the classification of the selected nodes
@@ -215,6 +219,7 @@ func DecideRollout(in RolloutInput) RolloutDecision {
 	undoStarted := rb != nil && rb.Reason == kmmv1beta1.ReasonRollbackUndo && observedUndo != priorUndo(m)
 	rb, d.RollbackStarted = rollbackFailed(m, d.Status, rb, previous, &c, in.Nodes, in.Now)
 	d.RollbackStarted = d.RollbackStarted || undoStarted
+	d.OldestSince = oldestSince(in.Nodes, append(slices.Clone(c.failed), c.upgrading...), m)
 	nodes := listed(c.failed, c.upgrading) // sorts both by name
 	d.Status.NodesByUpgradeState = countStates(p)
 	d.Status.Nodes = nodes
@@ -448,6 +453,26 @@ func listed(failed, upgrading []kmmv1beta1.RolloutNodeStatus) []kmmv1beta1.Rollo
 		return nil
 	}
 	return out[:min(len(out), kmmv1beta1.MaxRolloutNodesListed)]
+}
+
+// oldestSince is RolloutDecision.OldestSince from the rows of the moving nodes.
+func oldestSince(nodes []RolloutNode, rows []kmmv1beta1.RolloutNodeStatus, m *kmmv1beta1.Module) map[kmmv1beta1.UpgradeState]time.Time {
+	labelKey := kmmv1beta1.ModuleVersionLabel(m.Namespace, m.Name)
+	byName := make(map[string]*RolloutNode, len(nodes))
+	for i := range nodes {
+		byName[nodes[i].Name] = &nodes[i]
+	}
+	out := map[kmmv1beta1.UpgradeState]time.Time{}
+	for _, r := range rows {
+		n := byName[r.Name]
+		if r.Since == nil || n == nil || (n.State == kmmv1beta1.StateLoaded && n.LoadedVersion != n.Labels[labelKey]) {
+			continue
+		}
+		if t, ok := out[r.State]; !ok || r.Since.Time.Before(t) {
+			out[r.State] = r.Since.Time
+		}
+	}
+	return out
 }
 
 // priorUndo is the rollout-undo value the last status observed.

@@ -162,12 +162,12 @@ func (r *RolloutReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	m := &kmmv1beta1.Module{}
 	if err := r.Client.Get(ctx, req.NamespacedName, m); err != nil {
 		if apierrors.IsNotFound(err) {
-			recordMetrics(req.Namespace, req.Name, nil)
+			recordMetrics(req.Namespace, req.Name, nil, nil)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !automatic(m) {
-		recordMetrics(m.Namespace, m.Name, nil)
+		recordMetrics(m.Namespace, m.Name, nil, nil)
 		return ctrl.Result{}, r.writeRollout(ctx, m, nil)
 	}
 	in, err := r.gather(ctx, m)
@@ -179,7 +179,7 @@ func (r *RolloutReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	if err := r.writeRollout(ctx, m, d.Status); err != nil {
 		return ctrl.Result{}, err
 	}
-	recordMetrics(m.Namespace, m.Name, d.Status)
+	recordMetrics(m.Namespace, m.Name, d.Status, d.OldestSince)
 	r.recordEvents(m, prev, d)
 	progress := d.Progress
 	log := ctrl.LoggerFrom(ctx).WithValues("module", req.NamespacedName, "version", m.Spec.Version())

@@ -188,3 +188,15 @@ func TestUndoWithoutPreviousIsRefused(t *testing.T) {
 		t.Fatal("the same undo was refused twice (two Events)")
 	}
 }
+
+func TestOldestPairState(t *testing.T) {
+	notStarted := since(upgrading("b", kmmv1beta1.StateLoaded, "v1"), 48*time.Hour) // its pair has not started: aside
+	draining := since(upgrading("c", kmmv1beta1.StateDevicePluginDraining, "v1"), 2*time.Hour)
+	later := since(upgrading("d", kmmv1beta1.StateUnloading, "v1"), time.Hour)
+	d := DecideRollout(RolloutInput{Module: rolloutModule("v2", auto(intOf(4))), Now: tNow,
+		Nodes: []RolloutNode{backingOff("a"), notStarted, draining, later}})
+	want := map[kmmv1beta1.UpgradeState]time.Time{kmmv1beta1.UpgradeFailed: tNow.Add(-time.Minute), kmmv1beta1.Upgrading: tNow.Add(-2 * time.Hour)}
+	if !reflect.DeepEqual(d.OldestSince, want) {
+		t.Fatalf("oldest %v, want %v", d.OldestSince, want)
+	}
+}
