@@ -164,6 +164,9 @@ type RolloutDecision struct {
 	// when the pair longest in its state entered it (a node Loaded with another version than its
 	// label, whose upgrade has not reached its pair, aside).
 	OldestSince map[kmmv1beta1.UpgradeState]time.Time
+	// SoakEnds is when the canaries' soak ends, while they soak (zero otherwise): the rollout
+	// looks again then.
+	SoakEnds time.Time
 }
 
 // DecideRollout returns the version-module labels to set, the classification of the selected nodes
@@ -225,6 +228,9 @@ func DecideRollout(in RolloutInput) RolloutDecision {
 	d.Status.Nodes = nodes
 	d.Status.Previous, d.Status.Rollback, d.Status.ObservedUndo = previous, rb, observedUndo
 	d.Status.Canary = canary.status(c.canaryDone, in.Now)
+	if cs := d.Status.Canary; cs != nil && !cs.Passed && cs.SoakStart != nil {
+		d.SoakEnds = cs.SoakStart.Add(time.Duration(m.Spec.UpgradePolicy.Canary.SoakSeconds) * time.Second)
+	}
 	d.NewlyFailed = newlyFailed(m.Status.Rollout, version, c.failed)
 	d.Validate = c.validate
 

@@ -56,8 +56,8 @@ func TestCanarySoaks(t *testing.T) {
 	}
 	// The canary is Upgraded: the soak starts, the others wait.
 	d = step(m, tNow.Add(time.Minute), onV2("a"), onV1("b"), onV1("c"))
-	if d.Intents != nil || d.Status.Canary.SoakStart == nil || d.Status.Canary.Passed {
-		t.Fatalf("intents %v, canary %+v: want the soak started and nothing else", d.Intents, d.Status.Canary)
+	if d.Intents != nil || d.Status.Canary.SoakStart == nil || d.Status.Canary.Passed || !d.SoakEnds.Equal(tNow.Add(11*time.Minute)) {
+		t.Fatalf("intents %v, canary %+v, soak ends %v: want the soak started and nothing else", d.Intents, d.Status.Canary, d.SoakEnds)
 	}
 	// A second short of the soak: still waiting.
 	if d = step(m, tNow.Add(11*time.Minute-time.Second), onV2("a"), onV1("b"), onV1("c")); d.Intents != nil {

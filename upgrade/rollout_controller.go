@@ -197,6 +197,9 @@ func (r *RolloutReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	if progress.Complete() {
 		return ctrl.Result{}, nil
 	}
+	if wait := d.SoakEnds.Sub(r.now()); !d.SoakEnds.IsZero() && wait < RolloutRequeue {
+		return ctrl.Result{RequeueAfter: max(wait, time.Second)}, nil
+	}
 	return ctrl.Result{RequeueAfter: RolloutRequeue}, nil
 }
 
