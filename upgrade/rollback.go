@@ -69,7 +69,7 @@ func (c *candidates) goBack(p *Progress, n *RolloutNode, label string, done bool
 			c.undo = append(c.undo, n.Name)
 		}
 		return false, false
-	case undo && !n.startedTowards(label) && !(label == rs.version && n.LoadedVersion != label):
+	case undo && !n.startedTowards(label) && (label != rs.version || n.LoadedVersion == label):
 		// pending with another label: an undo moves the nodes of this rollout only
 		return false, false
 	}

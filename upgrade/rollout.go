@@ -93,6 +93,11 @@ func (n *RolloutNode) startedTowards(label string) bool {
 	return n.State == kmmv1beta1.StateUpgrading || n.CordonedByKMM || (n.LoadedVersion != "" && n.LoadedVersion != label)
 }
 
+// runs says whether the node's pair is Loaded with version.
+func (n *RolloutNode) runs(version string) bool {
+	return n.State == kmmv1beta1.StateLoaded && n.LoadedVersion == version
+}
+
 // leaving says whether the node's pair drains or unloads the version it runs: a node sent back
 // while it started to leave its version, and left there by the end of the rollback, is unavailable
 // until its pair is Loaded again.
@@ -289,11 +294,9 @@ type candidates struct {
 	canaryDone    bool
 }
 
-// classify counts the managed nodes as done, in progress (failed or not) or pending and returns the
-// nodes that may be labelled and those listed.
+// classify counts the managed nodes as done, in progress (failed or not), pending or going back,
+// and returns the nodes that may be labelled and those listed.
 func classify(m *kmmv1beta1.Module, nodes []RolloutNode, now time.Time, rs rollbackScope, cn canaryChoice) (Progress, candidates) {
-	version := m.Spec.Version()
-	labelKey := kmmv1beta1.ModuleVersionLabel(m.Namespace, m.Name)
 	skipKey := kmmv1beta1.UpgradeSkipLabel(m.Namespace, m.Name)
 	var p Progress
 	c := candidates{canaryDone: true}
@@ -304,40 +307,42 @@ func classify(m *kmmv1beta1.Module, nodes []RolloutNode, now time.Time, rs rollb
 			continue
 		}
 		p.Total++
-		label, hasLabel := n.Labels[labelKey]
-		runsLabel := n.State == kmmv1beta1.StateLoaded && n.LoadedVersion == label
-		unavailable := !n.Ready || n.Unschedulable || n.leaving()
-		done := hasLabel && label == version && runsLabel && n.verified(m.Spec.UpgradePolicy)
-		if cn.is(n.Name) && !done {
-			c.canaryDone = false
-		}
-		if handled, busy := c.goBack(&p, n, label, done, rs); handled {
-			if unavailable || busy {
-				p.Unavailable++
-			}
-			continue
-		}
-		switch {
-		case done:
-			p.Done++
-		case hasLabel && label == version:
-			p.InProgress++
-			unavailable = true
-			c.inProgress(&p, n, label, m.Spec.UpgradePolicy, now)
-		case hasLabel && n.startedTowards(label):
-			p.InProgress++
-			unavailable = true
-			c.retarget = append(c.retarget, n.Name)
-			c.inProgress(&p, n, label, m.Spec.UpgradePolicy, now)
-		default:
-			p.Pending++
-			c.pend(&p, n.Name, unavailable, cn)
-		}
-		if unavailable {
+		if c.classifyNode(&p, m, n, now, rs, cn) {
 			p.Unavailable++
 		}
 	}
 	return p, c
+}
+
+// classifyNode files one managed node and says whether it is unavailable.
+func (c *candidates) classifyNode(p *Progress, m *kmmv1beta1.Module, n *RolloutNode, now time.Time, rs rollbackScope, cn canaryChoice) bool {
+	version := m.Spec.Version()
+	label, hasLabel := n.Labels[kmmv1beta1.ModuleVersionLabel(m.Namespace, m.Name)]
+	unavailable := !n.Ready || n.Unschedulable || n.leaving()
+	done := hasLabel && label == version && n.runs(label) && n.verified(m.Spec.UpgradePolicy)
+	if cn.is(n.Name) && !done {
+		c.canaryDone = false
+	}
+	if handled, busy := c.goBack(p, n, label, done, rs); handled {
+		return unavailable || busy
+	}
+	switch {
+	case done:
+		p.Done++
+	case hasLabel && label == version:
+		p.InProgress++
+		c.inProgress(p, n, label, m.Spec.UpgradePolicy, now)
+		return true
+	case hasLabel && n.startedTowards(label):
+		p.InProgress++
+		c.retarget = append(c.retarget, n.Name)
+		c.inProgress(p, n, label, m.Spec.UpgradePolicy, now)
+		return true
+	default:
+		p.Pending++
+		c.pend(p, n.Name, unavailable, cn)
+	}
+	return unavailable
 }
 
 // pend files a pending node: a candidate to start when available, a canary candidate when it is

@@ -115,7 +115,7 @@ func TestRolloutCanarySoaks(t *testing.T) {
 	soakEnds := st.Canary.SoakStart.Add(soak)
 
 	tb.WaitLoaded("nic", "reg.example.com/nic:v2", tb.Nodes...)
-	st = waitRollout(t, tb.NS, "every node upgraded, the canary passed", func(st *kmmv1beta1.RolloutStatus) bool {
+	waitRollout(t, tb.NS, "every node upgraded, the canary passed", func(st *kmmv1beta1.RolloutStatus) bool {
 		return st.NodesByUpgradeState[kmmv1beta1.Upgraded] == 3 && st.Canary != nil && st.Canary.Passed
 	})
 	// The others left v1 (their first transition after the bump) no earlier than the soak's end.

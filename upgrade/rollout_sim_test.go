@@ -906,7 +906,7 @@ func (w *rolloutWorld) checkIntents(intents []Intent) {
 			w.violate("invariant canary: %s started before the canaries %v soaked %v: %s", n.name, w.canaries, w.soak, w.describe())
 		case it.Version == simNew && w.undoActive && !n.inProgress() && !n.rollingBack():
 			w.violate("invariant undo: %s started towards %s during an undo: %s", n.name, simNew, w.describe())
-		case it.Version == simOld && !w.undoActive && !(w.rollbackFailed && w.modelPaused && n.failed()):
+		case it.Version == simOld && !w.undoActive && (!w.rollbackFailed || !w.modelPaused || !n.failed()):
 			w.violate("invariant rollback: %s sent back to %s, neither failed while paused with rollbackFailed nor in an undo: %s", n.name, simOld, w.describe())
 		}
 	}

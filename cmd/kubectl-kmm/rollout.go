@@ -29,27 +29,7 @@ func renderRollout(m *kmmv1beta1.Module, now time.Time, width int) string {
 	if p := st.Paused; p != nil {
 		fmt.Fprintf(&b, "PAUSED (%s, %s): %s\n", p.Reason, age(p.Since.Time, now), p.Message)
 	}
-	if rb := st.Rollback; rb != nil {
-		fmt.Fprintf(&b, "ROLLING BACK to %s (%s, %s): %s\n", rb.Version, rb.Reason, age(rb.Since.Time, now), rollbackScope(rb))
-	}
-	fmt.Fprintf(&b, "maxUnavailable %d, maxFailed %s", st.MaxUnavailable, failedBudget(st))
-	b.WriteString("\n")
-	if c := st.Canary; c != nil {
-		b.WriteString(canaryLine(m, c, now) + "\n")
-	}
-	if p := st.Previous; p != nil {
-		fmt.Fprintf(&b, "previous version %s (%d kernel configs kept for a rollback)\n", p.Version, len(p.Configs))
-	}
-	counts := make([]string, 0, len(upgradeStates)+len(rollbackStates))
-	for _, s := range upgradeStates {
-		counts = append(counts, fmt.Sprintf("%s %d", s, st.NodesByUpgradeState[s]))
-	}
-	for _, s := range rollbackStates {
-		if n := st.NodesByUpgradeState[s]; n > 0 {
-			counts = append(counts, fmt.Sprintf("%s %d", s, n))
-		}
-	}
-	b.WriteString(strings.Join(counts, ", ") + "\n")
+	writeRolloutSummary(&b, m, st, now)
 	if len(st.Nodes) == 0 {
 		return b.String()
 	}
@@ -77,6 +57,30 @@ func renderRollout(m *kmmv1beta1.Module, now time.Time, width int) string {
 // upgradeStates in the order `rollout status` counts them.
 var upgradeStates = []kmmv1beta1.UpgradeState{kmmv1beta1.Upgraded, kmmv1beta1.Upgrading, kmmv1beta1.UpgradeFailed,
 	kmmv1beta1.UpgradePending, kmmv1beta1.UpgradeSkipped}
+
+// writeRolloutSummary writes the rollback, budgets, canary, previous version and counts lines.
+func writeRolloutSummary(b *strings.Builder, m *kmmv1beta1.Module, st *kmmv1beta1.RolloutStatus, now time.Time) {
+	if rb := st.Rollback; rb != nil {
+		fmt.Fprintf(b, "ROLLING BACK to %s (%s, %s): %s\n", rb.Version, rb.Reason, age(rb.Since.Time, now), rollbackScope(rb))
+	}
+	fmt.Fprintf(b, "maxUnavailable %d, maxFailed %s\n", st.MaxUnavailable, failedBudget(st))
+	if c := st.Canary; c != nil {
+		b.WriteString(canaryLine(m, c, now) + "\n")
+	}
+	if p := st.Previous; p != nil {
+		fmt.Fprintf(b, "previous version %s (%d kernel configs kept for a rollback)\n", p.Version, len(p.Configs))
+	}
+	counts := make([]string, 0, len(upgradeStates)+len(rollbackStates))
+	for _, s := range upgradeStates {
+		counts = append(counts, fmt.Sprintf("%s %d", s, st.NodesByUpgradeState[s]))
+	}
+	for _, s := range rollbackStates {
+		if n := st.NodesByUpgradeState[s]; n > 0 {
+			counts = append(counts, fmt.Sprintf("%s %d", s, n))
+		}
+	}
+	b.WriteString(strings.Join(counts, ", ") + "\n")
+}
 
 // rollbackStates are the upgrade states `rollout status` counts only when some node is in them.
 var rollbackStates = []kmmv1beta1.UpgradeState{kmmv1beta1.CanaryWaiting, kmmv1beta1.RollingBack, kmmv1beta1.RolledBack}
