@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"fmt"
+	"slices"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/internal/kernel/mapping"
@@ -41,6 +42,8 @@ const (
 	ReasonVersionPending  = "VersionLabelOlder"
 	ReasonVersionMissing  = "VersionLabelMissing"
 	ReasonDesired         = "Desired"
+	// ReasonRollback: the node goes back to the previous version of a rollback (status.rollout.rollback).
+	ReasonRollback = "Rollback"
 	// ReasonDevicePluginOnly: the Module has no module loader; nothing is loaded on any node.
 	ReasonDevicePluginOnly = mapping.ReasonDevicePluginOnly
 )
@@ -79,6 +82,9 @@ func DecideSpec(m *kmmv1beta1.Module, node NodeView) SpecDecision {
 	case !ok:
 		return SpecDecision{Action: SpecDelete, Reason: ReasonVersionMissing}
 	case label != version:
+		if entry := previousEntry(m, node, label); entry != nil {
+			return SpecDecision{Action: SpecUpdate, Entry: entry, Reason: ReasonRollback}
+		}
 		return SpecDecision{Action: SpecKeep, Reason: ReasonVersionPending,
 			Message: fmt.Sprintf("node is at version %s, the Module at %s", label, version)}
 	}
@@ -102,4 +108,25 @@ func resolveEntry(m *kmmv1beta1.Module, kver string) (*kmmv1beta1.NodeModuleSpec
 		Tolerations:        copyTolerations(m.Spec.Tolerations),
 		Hooks:              m.Spec.ModuleLoader.Hooks.DeepCopy(),
 	}, "", nil
+}
+
+// previousEntry is the entry of the previous version for a node whose version-worker-pod label
+// names it while the Module's rollout rolls the node back (status.rollout.rollback of the Module's
+// version, for every node or this one): the config status.rollout.previous keeps for the node's
+// kernel, with the worker pod settings that loaded it. Nil otherwise: the entry is kept as it is.
+func previousEntry(m *kmmv1beta1.Module, node NodeView, label string) *kmmv1beta1.NodeModuleSpec {
+	st := m.Status.Rollout
+	if st == nil || st.Version != m.Spec.Version() || st.Rollback == nil || st.Previous == nil ||
+		st.Rollback.Version != label || st.Previous.Version != label ||
+		(st.Rollback.Reason != kmmv1beta1.ReasonRollbackUndo && !slices.Contains(st.Rollback.Nodes, node.Name)) {
+		return nil
+	}
+	for i := range st.Previous.Configs {
+		c := &st.Previous.Configs[i]
+		if c.Config.KernelVersion == node.KernelVersion {
+			return &kmmv1beta1.NodeModuleSpec{Namespace: m.Namespace, Name: m.Name, Config: *c.Config.DeepCopy(),
+				ServiceAccountName: c.ServiceAccountName, ImageRepoSecret: c.ImageRepoSecret.DeepCopy(), Tolerations: copyTolerations(c.Tolerations)}
+		}
+	}
+	return nil
 }

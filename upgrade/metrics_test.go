@@ -4,6 +4,7 @@ import (
 	"os"
 	"regexp"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"sigs.k8s.io/yaml"
@@ -17,7 +18,14 @@ func TestRolloutMetrics(t *testing.T) {
 	st := &kmmv1beta1.RolloutStatus{Version: "v2",
 		NodesByUpgradeState: map[kmmv1beta1.UpgradeState]int32{kmmv1beta1.UpgradeFailed: 2, kmmv1beta1.Upgraded: 3},
 		Paused:              &kmmv1beta1.RolloutPause{Reason: kmmv1beta1.ReasonFailureBudgetExceeded}}
-	recordMetrics("ns", "m", st)
+	stuck := time.Unix(1_800_000_000, 0)
+	recordMetrics("ns", "m", st, map[kmmv1beta1.UpgradeState]time.Time{kmmv1beta1.UpgradeFailed: stuck})
+	if got := testutil.ToFloat64(rolloutOldestState.WithLabelValues("ns", "m", string(kmmv1beta1.UpgradeFailed))); got != float64(stuck.Unix()) {
+		t.Fatalf("kmm_rollout_oldest_pair_state_timestamp_seconds{state=UpgradeFailed} = %v, want %d", got, stuck.Unix())
+	}
+	if n := testutil.CollectAndCount(rolloutOldestState); n != 1 {
+		t.Fatalf("%d oldest-state series, want only UpgradeFailed's", n)
+	}
 	if got := testutil.ToFloat64(rolloutNodes.WithLabelValues("ns", "m", string(kmmv1beta1.UpgradeFailed))); got != 2 {
 		t.Fatalf("kmm_rollout_nodes{state=UpgradeFailed} = %v, want 2", got)
 	}
@@ -30,8 +38,8 @@ func TestRolloutMetrics(t *testing.T) {
 	if got := testutil.ToFloat64(rolloutPaused.WithLabelValues("ns", "m", kmmv1beta1.ReasonPausedByUser)); got != 0 {
 		t.Fatalf("kmm_rollout_paused{reason=PausedByUser} = %v, want 0", got)
 	}
-	recordMetrics("ns", "m", nil)
-	if n := testutil.CollectAndCount(rolloutNodes) + testutil.CollectAndCount(rolloutPaused); n != 0 {
+	recordMetrics("ns", "m", nil, nil)
+	if n := testutil.CollectAndCount(rolloutNodes) + testutil.CollectAndCount(rolloutPaused) + testutil.CollectAndCount(rolloutOldestState); n != 0 {
 		t.Fatalf("%d series left after the Module went", n)
 	}
 
@@ -52,6 +60,7 @@ func TestRolloutMetrics(t *testing.T) {
 	known := map[string]map[string]bool{
 		"kmm_rollout_nodes":  {"state": true, "namespace": true, "module": true},
 		"kmm_rollout_paused": {"reason": true, "namespace": true, "module": true},
+		"kmm_rollout_oldest_pair_state_timestamp_seconds": {"state": true, "namespace": true, "module": true},
 	}
 	alerts := 0
 	series := regexp.MustCompile(`(kmm_rollout_\w+)(\{([^}]*)\})?`)
@@ -71,7 +80,7 @@ func TestRolloutMetrics(t *testing.T) {
 			}
 		}
 	}
-	if alerts < 2 {
-		t.Fatalf("config/prometheus/rule.yaml alerts on %d rollout series, want the pause and the failed nodes", alerts)
+	if alerts < 3 {
+		t.Fatalf("config/prometheus/rule.yaml alerts on %d rollout series, want the pause, the failed nodes and a pair stuck", alerts)
 	}
 }

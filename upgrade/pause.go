@@ -59,7 +59,12 @@ func decidePause(m *kmmv1beta1.Module, p Progress, failed []kmmv1beta1.RolloutNo
 
 // resumeToken is the Module's rollout-resume annotation, at most MaxRolloutResumeLength characters of it.
 func resumeToken(m *kmmv1beta1.Module) string {
-	v := m.Annotations[kmmv1beta1.RolloutResumeAnnotation]
+	return annotationToken(m, kmmv1beta1.RolloutResumeAnnotation)
+}
+
+// annotationToken is the Module's annotation key, at most MaxRolloutResumeLength characters of it.
+func annotationToken(m *kmmv1beta1.Module, key string) string {
+	v := m.Annotations[key]
 	return v[:min(len(v), kmmv1beta1.MaxRolloutResumeLength)]
 }
 

@@ -54,6 +54,12 @@ type RolloutNode struct {
 	DevicePluginPending bool
 	// Validation is the node's validation pod for the Module's version (zero: none).
 	Validation ValidationPod
+	// KernelVersion is the node's kernel (status.nodeInfo.kernelVersion): a rollback loads the
+	// previous version's config for it.
+	KernelVersion string
+	// Running is the config in the pair's NMC status with the worker pod settings that loaded it
+	// (nil when none): what status.rollout.previous records of the previous version.
+	Running *kmmv1beta1.PreviousConfig
 }
 
 // ValidationPhase is what became of a validation pod.
@@ -87,6 +93,18 @@ func (n *RolloutNode) startedTowards(label string) bool {
 	return n.State == kmmv1beta1.StateUpgrading || n.CordonedByKMM || (n.LoadedVersion != "" && n.LoadedVersion != label)
 }
 
+// runs says whether the node's pair is Loaded with version.
+func (n *RolloutNode) runs(version string) bool {
+	return n.State == kmmv1beta1.StateLoaded && n.LoadedVersion == version
+}
+
+// leaving says whether the node's pair drains or unloads the version it runs: a node sent back
+// while it started to leave its version, and left there by the end of the rollback, is unavailable
+// until its pair is Loaded again.
+func (n *RolloutNode) leaving() bool {
+	return n.State == kmmv1beta1.StateDevicePluginDraining || n.State == kmmv1beta1.StateUnloading || n.State == kmmv1beta1.StateUnloadBackOff
+}
+
 // Intent asks to set the version-module label of Node to Version.
 type Intent struct {
 	Node    string
@@ -97,7 +115,7 @@ type Intent struct {
 type Progress struct {
 	// Total counts the nodes the rollout manages (selected, not skipped).
 	Total int
-	// Done, InProgress and Pending partition the managed nodes.
+	// Done, InProgress, Pending, RollingBack and RolledBack partition the managed nodes.
 	Done, InProgress, Pending int
 	// Unavailable counts in-progress nodes plus cordoned or NotReady nodes, done or not.
 	Unavailable int
@@ -109,6 +127,12 @@ type Progress struct {
 	FailureBudget int
 	// Skipped counts the selected nodes with the upgrade-skip label.
 	Skipped int
+	// RollingBack and RolledBack count the nodes of a rollback (status.rollout.rollback) on their
+	// way back to the previous version and running it; they are not in Done, InProgress or Pending.
+	RollingBack, RolledBack int
+	// CanaryWaiting counts the pending nodes that are not canaries while the canaries have not
+	// soaked (they are in Pending too).
+	CanaryWaiting int
 }
 
 // Complete says whether every managed node runs the Module's version.
@@ -136,6 +160,18 @@ type RolloutDecision struct {
 	NewlyFailed []kmmv1beta1.RolloutNodeStatus
 	// Validate are the nodes whose validation pod for the version is to be created.
 	Validate []string
+	// UndoRefused says why a new rollout-undo annotation could not roll back (one Event); "" when
+	// none was refused.
+	UndoRefused string
+	// RollbackStarted: this step started a rollback (one Event).
+	RollbackStarted bool
+	// OldestSince is, per upgrade state of moving nodes (Upgrading, UpgradeFailed, RollingBack),
+	// when the pair longest in its state entered it (a node Loaded with another version than its
+	// label, whose upgrade has not reached its pair, aside).
+	OldestSince map[kmmv1beta1.UpgradeState]time.Time
+	// SoakEnds is when the canaries' soak ends, while they soak (zero otherwise): the rollout
+	// looks again then.
+	SoakEnds time.Time
 }
 
 // DecideRollout returns the version-module labels to set, the classification of the selected nodes
@@ -157,13 +193,20 @@ type RolloutDecision struct {
 //     or once its pair stayed in one state (but Loaded with another version than its label) for
 //     nodeTimeoutSeconds; it stays in progress, and unavailable;
 //   - unavailable = in-progress nodes + cordoned or NotReady nodes (done ones too: a cordon kmm
-//     has not lifted yet, or a node that went NotReady after its upgrade, is unavailable all the same);
+//     has not lifted yet, or a node that went NotReady after its upgrade, is unavailable all the
+//     same), and pending nodes whose pair drains or unloads (leaving);
 //   - a node in progress to a version the Module no longer has (a bump during the rollout) is
 //     retargeted at once: it is unavailable already, and kmm's own cordon would otherwise keep it
 //     from ever starting again;
 //   - the rollout is paused (decidePause) by the user (upgradePolicy.paused), or by itself once
 //     maxFailed nodes beyond those failed at the last resume are UpgradeFailed, until the user
 //     resumes it or the version changes; a paused rollout starts no node (retargets still go);
+//   - with upgradePolicy.canary, only the canary nodes (chooseCanary) start until every one of
+//     them has been done for soakSeconds; the others are CanaryWaiting;
+//   - a rollback (rollback.go: the failed nodes of a paused rollout with rollbackFailed, or every
+//     node after kubectl kmm rollout undo) sends its nodes' labels back to status.rollout.previous's
+//     version — the upgrading and failed ones at once, the upgraded ones of an undo within the
+//     budget — and starts no node towards the version while it lasts;
 //   - else at most budget − unavailable pending nodes start, by name; a cordoned or NotReady
 //     pending node never starts.
 func DecideRollout(in RolloutInput) RolloutDecision {
@@ -172,27 +215,69 @@ func DecideRollout(in RolloutInput) RolloutDecision {
 		return RolloutDecision{}
 	}
 	version := m.Spec.Version()
-	p, c := classify(m, in.Nodes, in.Now)
+	previous := decidePrevious(m, in.Nodes)
+	rb, observedUndo, refused := carriedRollback(m, previous, in.Now)
+	canary := chooseCanary(m, in.Nodes)
+	p, c := classify(m, in.Nodes, in.Now, rollbackScope{rb, previous, version}, canary)
 	p.Budget = budget(m.Spec.UpgradePolicy.MaxUnavailable, p.Total)
 	p.FailureBudget = failureBudget(m.Spec.UpgradePolicy.MaxFailed, p.Total)
-	d := RolloutDecision{Progress: p}
-	nodes := listed(c.failed, c.upgrading) // sorts both by name
+	d := RolloutDecision{Progress: p, UndoRefused: refused}
+	slices.SortFunc(c.failed, byName)
 	d.Status, d.PausedNow = decidePause(m, p, c.failed, in.Now)
+	undoStarted := rb != nil && rb.Reason == kmmv1beta1.ReasonRollbackUndo && observedUndo != priorUndo(m)
+	rb, d.RollbackStarted = rollbackFailed(m, d.Status, rb, previous, &c, in.Nodes, in.Now)
+	d.RollbackStarted = d.RollbackStarted || undoStarted
+	d.OldestSince = oldestSince(in.Nodes, append(slices.Clone(c.failed), c.upgrading...), m)
+	nodes := listed(c.failed, c.upgrading) // sorts both by name
 	d.Status.NodesByUpgradeState = countStates(p)
 	d.Status.Nodes = nodes
+	d.Status.Previous, d.Status.Rollback, d.Status.ObservedUndo = previous, rb, observedUndo
+	d.Status.Canary = canary.status(c.canaryDone, in.Now)
+	if cs := d.Status.Canary; cs != nil && !cs.Passed && cs.SoakStart != nil {
+		d.SoakEnds = cs.SoakStart.Add(time.Duration(m.Spec.UpgradePolicy.Canary.SoakSeconds) * time.Second)
+	}
 	d.NewlyFailed = newlyFailed(m.Status.Rollout, version, c.failed)
 	d.Validate = c.validate
 
-	starts := c.pending
-	slices.SortFunc(starts, strings.Compare)
-	starts = starts[:min(max(p.Budget-p.Unavailable, 0), len(starts))]
-	if d.Status.Paused != nil {
-		starts = nil
+	d.Intents = intentsOf(version, c.retarget, nil)
+	if rb != nil {
+		d.Intents = intentsOf(rb.Version, c.back, d.Intents)
 	}
-	for _, name := range append(slices.Sorted(slices.Values(c.retarget)), starts...) {
-		d.Intents = append(d.Intents, Intent{Node: name, Version: version})
-	}
+	d.Intents = intentsOf(startVersion(version, rb), starts(p, c, rb, d.Status, canary.passed(c.canaryDone, in.Now)), d.Intents)
 	return d
+}
+
+// starts are the pending nodes that start this step, by name: none while paused (but for an
+// undo, whose upgraded nodes go back), only canaries until they soaked, at most budget −
+// unavailable of them.
+func starts(p Progress, c candidates, rb *kmmv1beta1.RolloutRollback, st *kmmv1beta1.RolloutStatus, canaryPassed bool) []string {
+	out := c.pending
+	switch {
+	case rb != nil && rb.Reason == kmmv1beta1.ReasonRollbackUndo:
+		out = c.undo
+	case rb != nil || st.Paused != nil:
+		return nil
+	case !canaryPassed:
+		out = c.canaryPending
+	}
+	out = slices.Sorted(slices.Values(out))
+	return out[:min(max(p.Budget-p.Unavailable, 0), len(out))]
+}
+
+// startVersion is the version a starting node goes to: the previous one during an undo.
+func startVersion(version string, rb *kmmv1beta1.RolloutRollback) string {
+	if rb != nil && rb.Reason == kmmv1beta1.ReasonRollbackUndo {
+		return rb.Version
+	}
+	return version
+}
+
+// intentsOf appends an intent to version for each node, by name.
+func intentsOf(version string, nodes []string, out []Intent) []Intent {
+	for _, name := range slices.Sorted(slices.Values(nodes)) {
+		out = append(out, Intent{Node: name, Version: version})
+	}
+	return out
 }
 
 // candidates are the nodes a rollout may label (pending nodes that may start, Ready and
@@ -201,16 +286,20 @@ func DecideRollout(in RolloutInput) RolloutDecision {
 type candidates struct {
 	pending, retarget, validate []string
 	failed, upgrading           []kmmv1beta1.RolloutNodeStatus
+	// back are the nodes of a rollback whose label goes to the previous version at once (they are
+	// unavailable already); undo are the upgraded ones an undo moves back within maxUnavailable.
+	back, undo []string
+	// canaryPending are the pending canary nodes; canaryDone says whether every canary is Upgraded.
+	canaryPending []string
+	canaryDone    bool
 }
 
-// classify counts the managed nodes as done, in progress (failed or not) or pending and returns the
-// nodes that may be labelled and those listed.
-func classify(m *kmmv1beta1.Module, nodes []RolloutNode, now time.Time) (Progress, candidates) {
-	version := m.Spec.Version()
-	labelKey := kmmv1beta1.ModuleVersionLabel(m.Namespace, m.Name)
+// classify counts the managed nodes as done, in progress (failed or not), pending or going back,
+// and returns the nodes that may be labelled and those listed.
+func classify(m *kmmv1beta1.Module, nodes []RolloutNode, now time.Time, rs rollbackScope, cn canaryChoice) (Progress, candidates) {
 	skipKey := kmmv1beta1.UpgradeSkipLabel(m.Namespace, m.Name)
 	var p Progress
-	var c candidates
+	c := candidates{canaryDone: true}
 	for i := range nodes {
 		n := &nodes[i]
 		if _, skip := n.Labels[skipKey]; skip {
@@ -218,32 +307,57 @@ func classify(m *kmmv1beta1.Module, nodes []RolloutNode, now time.Time) (Progres
 			continue
 		}
 		p.Total++
-		label, hasLabel := n.Labels[labelKey]
-		runsLabel := n.State == kmmv1beta1.StateLoaded && n.LoadedVersion == label
-		unavailable := !n.Ready || n.Unschedulable
-		switch {
-		case hasLabel && label == version && runsLabel && n.verified(m.Spec.UpgradePolicy):
-			p.Done++
-		case hasLabel && label == version:
-			p.InProgress++
-			unavailable = true
-			c.inProgress(&p, n, label, m.Spec.UpgradePolicy, now)
-		case hasLabel && n.startedTowards(label):
-			p.InProgress++
-			unavailable = true
-			c.retarget = append(c.retarget, n.Name)
-			c.inProgress(&p, n, label, m.Spec.UpgradePolicy, now)
-		default:
-			p.Pending++
-			if !unavailable {
-				c.pending = append(c.pending, n.Name)
-			}
-		}
-		if unavailable {
+		if c.classifyNode(&p, m, n, now, rs, cn) {
 			p.Unavailable++
 		}
 	}
 	return p, c
+}
+
+// classifyNode files one managed node and says whether it is unavailable.
+func (c *candidates) classifyNode(p *Progress, m *kmmv1beta1.Module, n *RolloutNode, now time.Time, rs rollbackScope, cn canaryChoice) bool {
+	version := m.Spec.Version()
+	label, hasLabel := n.Labels[kmmv1beta1.ModuleVersionLabel(m.Namespace, m.Name)]
+	unavailable := !n.Ready || n.Unschedulable || n.leaving()
+	done := hasLabel && label == version && n.runs(label) && n.verified(m.Spec.UpgradePolicy)
+	if cn.is(n.Name) && !done {
+		c.canaryDone = false
+	}
+	if handled, busy := c.goBack(p, n, label, done, rs); handled {
+		return unavailable || busy
+	}
+	switch {
+	case done:
+		p.Done++
+	case hasLabel && label == version:
+		p.InProgress++
+		c.inProgress(p, n, label, m.Spec.UpgradePolicy, now)
+		return true
+	case hasLabel && n.startedTowards(label):
+		p.InProgress++
+		c.retarget = append(c.retarget, n.Name)
+		c.inProgress(p, n, label, m.Spec.UpgradePolicy, now)
+		return true
+	default:
+		p.Pending++
+		c.pend(p, n.Name, unavailable, cn)
+	}
+	return unavailable
+}
+
+// pend files a pending node: a candidate to start when available, a canary candidate when it is
+// one, and CanaryWaiting when the rollout has canaries and it is not one.
+func (c *candidates) pend(p *Progress, name string, unavailable bool, cn canaryChoice) {
+	if cn.active() && !cn.is(name) {
+		p.CanaryWaiting++
+	}
+	if unavailable {
+		return
+	}
+	c.pending = append(c.pending, name)
+	if cn.is(name) {
+		c.canaryPending = append(c.canaryPending, name)
+	}
 }
 
 // inProgress lists an in-progress node as failed or upgrading.
@@ -330,8 +444,9 @@ func drainGiveUp(d *kmmv1beta1.DrainSpec) time.Duration {
 func countStates(p Progress) map[kmmv1beta1.UpgradeState]int32 {
 	out := map[kmmv1beta1.UpgradeState]int32{}
 	for state, n := range map[kmmv1beta1.UpgradeState]int{
-		kmmv1beta1.UpgradePending: p.Pending, kmmv1beta1.Upgrading: p.InProgress - p.Failed, kmmv1beta1.Upgraded: p.Done,
+		kmmv1beta1.UpgradePending: p.Pending - p.CanaryWaiting, kmmv1beta1.Upgrading: p.InProgress - p.Failed, kmmv1beta1.Upgraded: p.Done,
 		kmmv1beta1.UpgradeFailed: p.Failed, kmmv1beta1.UpgradeSkipped: p.Skipped,
+		kmmv1beta1.RollingBack: p.RollingBack, kmmv1beta1.RolledBack: p.RolledBack, kmmv1beta1.CanaryWaiting: p.CanaryWaiting,
 	} {
 		if n > 0 {
 			out[state] = count32(n)
@@ -343,7 +458,6 @@ func countStates(p Progress) map[kmmv1beta1.UpgradeState]int32 {
 // listed is status.rollout.nodes: failed nodes, then upgrading ones, each by name, at most
 // MaxRolloutNodesListed.
 func listed(failed, upgrading []kmmv1beta1.RolloutNodeStatus) []kmmv1beta1.RolloutNodeStatus {
-	byName := func(a, b kmmv1beta1.RolloutNodeStatus) int { return strings.Compare(a.Name, b.Name) }
 	slices.SortFunc(failed, byName)
 	slices.SortFunc(upgrading, byName)
 	out := append(slices.Clone(failed), upgrading...)
@@ -352,6 +466,37 @@ func listed(failed, upgrading []kmmv1beta1.RolloutNodeStatus) []kmmv1beta1.Rollo
 	}
 	return out[:min(len(out), kmmv1beta1.MaxRolloutNodesListed)]
 }
+
+// oldestSince is RolloutDecision.OldestSince from the rows of the moving nodes.
+func oldestSince(nodes []RolloutNode, rows []kmmv1beta1.RolloutNodeStatus, m *kmmv1beta1.Module) map[kmmv1beta1.UpgradeState]time.Time {
+	labelKey := kmmv1beta1.ModuleVersionLabel(m.Namespace, m.Name)
+	byName := make(map[string]*RolloutNode, len(nodes))
+	for i := range nodes {
+		byName[nodes[i].Name] = &nodes[i]
+	}
+	out := map[kmmv1beta1.UpgradeState]time.Time{}
+	for _, r := range rows {
+		n := byName[r.Name]
+		if r.Since == nil || n == nil || (n.State == kmmv1beta1.StateLoaded && n.LoadedVersion != n.Labels[labelKey]) {
+			continue
+		}
+		if t, ok := out[r.State]; !ok || r.Since.Time.Before(t) {
+			out[r.State] = r.Since.Time
+		}
+	}
+	return out
+}
+
+// priorUndo is the rollout-undo value the last status observed.
+func priorUndo(m *kmmv1beta1.Module) string {
+	if m.Status.Rollout == nil {
+		return ""
+	}
+	return m.Status.Rollout.ObservedUndo
+}
+
+// byName orders status rows by node name.
+func byName(a, b kmmv1beta1.RolloutNodeStatus) int { return strings.Compare(a.Name, b.Name) }
 
 // newlyFailed are the failed nodes the last status of the same version did not list as failed.
 func newlyFailed(prev *kmmv1beta1.RolloutStatus, version string, failed []kmmv1beta1.RolloutNodeStatus) []kmmv1beta1.RolloutNodeStatus {

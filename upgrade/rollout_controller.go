@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -161,12 +162,12 @@ func (r *RolloutReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	m := &kmmv1beta1.Module{}
 	if err := r.Client.Get(ctx, req.NamespacedName, m); err != nil {
 		if apierrors.IsNotFound(err) {
-			recordMetrics(req.Namespace, req.Name, nil)
+			recordMetrics(req.Namespace, req.Name, nil, nil)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !automatic(m) {
-		recordMetrics(m.Namespace, m.Name, nil)
+		recordMetrics(m.Namespace, m.Name, nil, nil)
 		return ctrl.Result{}, r.writeRollout(ctx, m, nil)
 	}
 	in, err := r.gather(ctx, m)
@@ -178,7 +179,7 @@ func (r *RolloutReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	if err := r.writeRollout(ctx, m, d.Status); err != nil {
 		return ctrl.Result{}, err
 	}
-	recordMetrics(m.Namespace, m.Name, d.Status)
+	recordMetrics(m.Namespace, m.Name, d.Status, d.OldestSince)
 	r.recordEvents(m, prev, d)
 	progress := d.Progress
 	log := ctrl.LoggerFrom(ctx).WithValues("module", req.NamespacedName, "version", m.Spec.Version())
@@ -195,6 +196,9 @@ func (r *RolloutReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	}
 	if progress.Complete() {
 		return ctrl.Result{}, nil
+	}
+	if wait := d.SoakEnds.Sub(r.now()); !d.SoakEnds.IsZero() && wait < RolloutRequeue {
+		return ctrl.Result{RequeueAfter: max(wait, time.Second)}, nil
 	}
 	return ctrl.Result{RequeueAfter: RolloutRequeue}, nil
 }
@@ -239,6 +243,12 @@ func (r *RolloutReconciler) recordEvents(m *kmmv1beta1.Module, prev *kmmv1beta1.
 		r.Recorder.Eventf(m, nil, corev1.EventTypeWarning, string(kmmv1beta1.UpgradeFailed), "Rollout",
 			"node %s failed its upgrade to %s: %s: %s", n.Name, d.Status.Version, n.Reason, n.Message)
 	}
+	if d.UndoRefused != "" {
+		r.Recorder.Eventf(m, nil, corev1.EventTypeWarning, "UndoRefused", "Rollout", "%s", d.UndoRefused)
+	}
+	if d.RollbackStarted {
+		r.Recorder.Eventf(m, nil, corev1.EventTypeWarning, "RollbackStarted", "Rollout", "%s", rollbackMessage(d.Status.Rollback))
+	}
 	if d.PausedNow {
 		r.Recorder.Eventf(m, nil, corev1.EventTypeWarning, "RolloutPaused", "Rollout", "%s", d.Status.Paused.Message)
 	}
@@ -270,6 +280,7 @@ func (r *RolloutReconciler) gather(ctx context.Context, m *kmmv1beta1.Module) (R
 			return RolloutInput{}, err
 		}
 		pairFacts(&rn, nmc.StatusEntry(m.Namespace, m.Name))
+		rn.KernelVersion = n.Status.NodeInfo.KernelVersion
 		rn.DevicePluginPending = (m.Spec.DevicePlugin != nil || m.Spec.DRA != nil) && !pods.pluginReady[n.Name]
 		if p := pods.validation[n.Name]; p != nil {
 			rn.Validation = ObserveValidation(p)
@@ -291,6 +302,8 @@ func pairFacts(rn *RolloutNode, st *kmmv1beta1.NodeModuleStatus) {
 	}
 	if st.Config != nil {
 		rn.LoadedVersion = st.Config.Version
+		rn.Running = &kmmv1beta1.PreviousConfig{Config: *st.Config.DeepCopy(), ServiceAccountName: st.ServiceAccountName,
+			ImageRepoSecret: st.ImageRepoSecret.DeepCopy(), Tolerations: slices.Clone(st.Tolerations)}
 	}
 }
 
@@ -378,4 +391,12 @@ func nodeReady(n *corev1.Node) bool {
 		}
 	}
 	return false
+}
+
+// rollbackMessage says what a rollback does.
+func rollbackMessage(rb *kmmv1beta1.RolloutRollback) string {
+	if rb.Reason == kmmv1beta1.ReasonRollbackUndo {
+		return fmt.Sprintf("rollout undo: every node goes back to %s, maxUnavailable at a time; set the Module's version to %s to keep it, or kubectl kmm rollout resume to roll out again", rb.Version, rb.Version)
+	}
+	return fmt.Sprintf("the failed nodes %v go back to %s (upgradePolicy.rollbackFailed)", rb.Nodes, rb.Version)
 }

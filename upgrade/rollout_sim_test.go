@@ -3,8 +3,10 @@ package upgrade
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"pgregory.net/rapid"
@@ -30,9 +32,15 @@ var pausedRuns int
 // or cordoned, so that the property test can show it exercises that budget rule.
 var startedBesideUnavailable int
 
+// rollbackIntents counts the nodes planners sent back to the old version (failed nodes and undos),
+// canaryWaits the planner runs that found the canaries soaking: the property test shows it
+// exercises both.
+var rollbackIntents, canaryWaits int
+
 const (
-	simOld = "v1"
-	simNew = "v2"
+	simOld    = "v1"
+	simNew    = "v2"
+	simKernel = "6.1.0-1-amd64"
 )
 
 // rolloutFaults are deliberately broken planners (wrappers that hide facts from PlanRollout) and
@@ -46,6 +54,9 @@ type rolloutFaults struct {
 	failedNotCounted      bool // the planner sees a failed node as done
 	skipsValidation       bool // the planner sees every validation pod succeeded
 	ignoresDevicePlugin   bool // the planner never sees a device plugin pod pending
+	ignoresSoak           bool // the planner plans as if canary.soakSeconds were 0
+	forgetsRollback       bool // the planner does not see status.rollout.rollback
+	rollbackLoadsFirst    bool // a node sent back loads the old version over the new one, without unloading it
 }
 
 type rolloutSimNode struct {
@@ -64,6 +75,9 @@ type rolloutSimNode struct {
 	validation    ValidationPhase
 	badValidation bool
 	initial       rolloutSimNode0
+	// lastLoaded is the version loaded at the last check: a node must unload one version before
+	// it loads another.
+	lastLoaded string
 }
 
 // rolloutSimNode0 is what a node started with, to check that skipped nodes are left alone.
@@ -87,8 +101,24 @@ type rolloutWorld struct {
 	modelPaused   bool
 	modelAtResume int
 	resumePending bool
-	trace         []string
-	violations    []string
+	// now is the planner's clock: a minute per planner run. canaries (the first canaryCount
+	// managed nodes by name) and soak are the test's own model of upgradePolicy.canary, soakSince
+	// when the canaries were last all done since, canaryPassed once they soaked.
+	now          time.Time
+	canaries     []string
+	soak         time.Duration
+	soakSince    *time.Time
+	canaryPassed bool
+	// The test's model of the rollbacks: upgradePolicy.rollbackFailed, whether some plan saw a
+	// node run v1 (the previous version is known), undos (the rollout-undo annotation, a counter),
+	// an undo the planner has not seen yet and one in force.
+	rollbackFailed bool
+	previousKnown  bool
+	undos          int
+	undoPending    bool
+	undoActive     bool
+	trace          []string
+	violations     []string
 }
 
 // rolloutSetup is the random part of a world: the node count, each node's start and the policy.
@@ -102,6 +132,9 @@ type rolloutSetup struct {
 	validates      bool
 	maxUnavailable intstr.IntOrString
 	maxFailed      *intstr.IntOrString
+	// canaryCount > 0 gives the Module a canary of that many nodes soaking soakMinutes.
+	canaryCount, soakMinutes int
+	rollbackFailed           bool
 }
 
 func newRolloutWorld(s rolloutSetup, f rolloutFaults) *rolloutWorld {
@@ -110,7 +143,11 @@ func newRolloutWorld(s rolloutSetup, f rolloutFaults) *rolloutWorld {
 	if s.validates {
 		m.Spec.UpgradePolicy.Validation = &kmmv1beta1.ValidationSpec{Container: kmmv1beta1.ValidationContainerSpec{Image: "check"}}
 	}
-	w := &rolloutWorld{module: m, faults: f}
+	if s.canaryCount > 0 {
+		m.Spec.UpgradePolicy.Canary = &kmmv1beta1.CanarySpec{Count: int32(s.canaryCount), SoakSeconds: int32(60 * s.soakMinutes)}
+	}
+	m.Spec.UpgradePolicy.RollbackFailed = s.rollbackFailed
+	w := &rolloutWorld{module: m, faults: f, now: tNow, soak: time.Duration(s.soakMinutes) * time.Minute, rollbackFailed: s.rollbackFailed}
 	managed := 0
 	for i := range s.n {
 		n := &rolloutSimNode{name: fmt.Sprintf("n%d", i), label: simOld, skip: s.skip[i], ready: !s.notReady[i],
@@ -122,16 +159,21 @@ func newRolloutWorld(s rolloutSetup, f rolloutFaults) *rolloutWorld {
 			n.label, n.state, n.loaded, n.dpPod = "", kmmv1beta1.StateAbsent, "", false
 		}
 		n.initial = rolloutSimNode0{label: n.label, loaded: n.loaded, state: n.state}
+		n.lastLoaded = n.loaded
 		w.nodes = append(w.nodes, n)
 		if !n.skip {
 			managed++
+			if len(w.canaries) < s.canaryCount {
+				w.canaries = append(w.canaries, n.name)
+			}
 		}
 	}
 	w.budget = expectedBudget(s.maxUnavailable, managed)
 	if s.maxFailed != nil {
 		w.maxFailed = expectedBudget(*s.maxFailed, managed)
 	}
-	w.log("start: %s, maxUnavailable %s = %d of %d managed nodes, maxFailed %d", w.describe(), s.maxUnavailable.String(), w.budget, managed, w.maxFailed)
+	w.log("start: %s, maxUnavailable %s = %d of %d managed nodes, maxFailed %d, canaries %v soaking %v, rollbackFailed %v",
+		w.describe(), s.maxUnavailable.String(), w.budget, managed, w.maxFailed, w.canaries, w.soak, w.rollbackFailed)
 	return w
 }
 
@@ -201,15 +243,29 @@ func (w *rolloutWorld) input() RolloutInput {
 		m.Spec.UpgradePolicy.MaxFailed = nil
 	}
 	m = m.DeepCopy()
-	m.Status.Rollout = w.status.DeepCopy()
-	if w.resumes > 0 {
-		m.Annotations = map[string]string{kmmv1beta1.RolloutResumeAnnotation: fmt.Sprint(w.resumes)}
+	if w.faults.ignoresSoak && m.Spec.UpgradePolicy.Canary != nil {
+		m.Spec.UpgradePolicy.Canary.SoakSeconds = 0
 	}
-	in := RolloutInput{Module: m}
+	m.Status.Rollout = w.status.DeepCopy()
+	if w.faults.forgetsRollback && m.Status.Rollout != nil {
+		m.Status.Rollout.Rollback = nil
+	}
+	m.Annotations = map[string]string{}
+	if w.resumes > 0 {
+		m.Annotations[kmmv1beta1.RolloutResumeAnnotation] = fmt.Sprint(w.resumes)
+	}
+	if w.undos > 0 {
+		m.Annotations[kmmv1beta1.RolloutUndoAnnotation] = fmt.Sprint(w.undos)
+	}
+	in := RolloutInput{Module: m, Now: w.now}
 	for _, n := range w.nodes {
-		rn := RolloutNode{Name: n.name, Labels: map[string]string{}, Ready: n.ready, Unschedulable: n.cordoned, LoadedVersion: n.loaded}
+		rn := RolloutNode{Name: n.name, Labels: map[string]string{}, Ready: n.ready, Unschedulable: n.cordoned, LoadedVersion: n.loaded,
+			KernelVersion: simKernel}
 		if n.state != kmmv1beta1.StateAbsent {
 			rn.State = n.state
+		}
+		if n.loaded != "" {
+			rn.Running = &kmmv1beta1.PreviousConfig{Config: kmmv1beta1.ModuleConfig{KernelVersion: simKernel, ContainerImage: "reg/nic:" + n.loaded, Version: n.loaded}}
 		}
 		rn.Validation = ValidationPod{Phase: n.validation}
 		rn.DevicePluginPending = n.state == kmmv1beta1.StateLoaded && !n.dpPod && !w.faults.ignoresDevicePlugin
@@ -254,6 +310,16 @@ func (n *rolloutSimNode) inProgress() bool {
 	return n.label == simNew && !n.done()
 }
 
+// rollingBack is a node whose label went back to the old version and that is on its way out of
+// the new one (a node loading the old version from nothing is like a node being adopted: pending).
+func (n *rolloutSimNode) rollingBack() bool {
+	switch n.state {
+	case kmmv1beta1.StateDevicePluginDraining, kmmv1beta1.StateUnloading, kmmv1beta1.StateUpgrading, kmmv1beta1.StateUnloadBackOff:
+		return n.label == simOld
+	}
+	return n.label == simOld && n.loaded == simNew
+}
+
 // failed is the test's own UpgradeFailed: a managed node whose load of the new version backs off.
 func (n *rolloutSimNode) failed() bool {
 	return !n.skip && n.label == simNew && (n.state == kmmv1beta1.StateLoadBackOff ||
@@ -264,7 +330,7 @@ func (n *rolloutSimNode) failed() bool {
 func (w *rolloutWorld) modelPause() {
 	failed := 0
 	for _, n := range w.nodes {
-		if n.failed() {
+		if n.failed() && !w.undoActive { // an undo sends every failed node back at once
 			failed++
 		}
 	}
@@ -282,17 +348,21 @@ func (w *rolloutWorld) modelPause() {
 
 // plan runs the planner and applies its intents (the rollout controller's patches).
 func (w *rolloutWorld) plan() {
+	w.now = w.now.Add(time.Minute)
+	w.modelRollback(w.resumePending)
 	w.modelPause()
+	w.modelCanary()
 	d := DecideRollout(w.input())
 	w.status = d.Status
 	intents := d.Intents
 	if w.modelPaused {
 		pausedRuns++
-		if len(intents) > 0 {
+		if forward := towards(intents, simNew); len(forward) > 0 {
 			w.violate("invariant budget: the rollout started %v while %d nodes beyond those failed at the last resume are UpgradeFailed, maxFailed %d: %s",
-				intents, w.countFailed()-w.modelAtResume, w.maxFailed, w.describe())
+				forward, w.countFailed()-w.modelAtResume, w.maxFailed, w.describe())
 		}
 	}
+	w.checkIntents(intents)
 	if paused := d.Status != nil && d.Status.Paused != nil; paused != w.modelPaused {
 		w.violate("invariant pause status: status.rollout.paused is %v, the model says %v: %s", paused, w.modelPaused, w.describe())
 	}
@@ -314,28 +384,33 @@ func (w *rolloutWorld) plan() {
 			break
 		}
 	}
+	var started []Intent // intents that start a node (not those that move one already on its way)
 	for _, it := range intents {
 		n := w.node(it.Node)
+		if !n.inProgress() && !n.rollingBack() {
+			started = append(started, it)
+		}
 		switch {
 		case n.skip:
 			w.violate("invariant skip: the rollout moved the label of skipped node %s", n.name)
-		case !n.ready || n.cordoned:
+		case (!n.ready || n.cordoned) && !n.inProgress() && !n.rollingBack():
 			w.violate("invariant unavailable: the rollout started %s while it is NotReady or cordoned", n.name)
 		case n.label == it.Version:
 			w.violate("invariant idempotence: the rollout re-set the label of %s", n.name)
 		}
 		n.label = it.Version
 	}
+	w.checkRolledBack()
 	// Right after the rollout started nodes, nodes out of service for any reason must fit the budget.
 	unavailable := 0
 	for _, n := range w.nodes {
-		if !n.skip && !n.done() && (n.inProgress() || !n.ready || n.cordoned) {
+		if !n.skip && !n.done() && (n.inProgress() || n.rollingBack() || !n.ready || n.cordoned) {
 			unavailable++
 		}
 	}
-	if unavailable > w.budget {
+	if unavailable > w.budget && len(started) > 0 {
 		w.violate("invariant maxUnavailable: after starting %v, %d nodes are unavailable (in progress, NotReady or cordoned), maxUnavailable is %d: %s",
-			intents, unavailable, w.budget, w.describe())
+			started, unavailable, w.budget, w.describe())
 	}
 }
 
@@ -385,6 +460,8 @@ func (w *rolloutWorld) advance(i int) {
 		}
 	case kmmv1beta1.StateLoaded:
 		switch {
+		case n.label == simOld && n.loaded == simNew && w.faults.rollbackLoadsFirst:
+			n.loaded = simOld
 		case n.label != n.loaded && n.label != "":
 			n.state = kmmv1beta1.StateDevicePluginDraining
 		case !n.dpPod:
@@ -437,9 +514,13 @@ func (w *rolloutWorld) check() {
 		if n.skip {
 			continue
 		}
-		if n.inProgress() {
+		if n.inProgress() || n.rollingBack() {
 			inProgress++
 		}
+		if n.loaded != "" && n.lastLoaded != "" && n.loaded != n.lastLoaded {
+			w.violate("invariant unload first: %s loaded %s over %s without unloading it: %s", n.name, n.loaded, n.lastLoaded, w.describe())
+		}
+		n.lastLoaded = n.loaded
 		if n.label == simNew && n.state != kmmv1beta1.StateLoaded {
 			outOfLoaded++
 		}
@@ -486,7 +567,7 @@ func (w *rolloutWorld) settle() {
 
 // rounds runs the planner and every node's step in rounds, long enough for every node to upgrade.
 func (w *rolloutWorld) rounds() {
-	for range 8*len(w.nodes) + 4 {
+	for range 8*len(w.nodes) + 4 + int(w.soak/time.Minute) {
 		w.plan()
 		w.check()
 		for i := range w.nodes {
@@ -513,6 +594,11 @@ func rolloutSetupGen(t *rapid.T) rolloutSetup {
 		mf := intstr.FromInt32(int32(rapid.IntRange(1, min(n, 2)).Draw(t, "maxFailed")))
 		s.maxFailed = &mf
 	}
+	if rapid.IntRange(0, 2).Draw(t, "canary") > 0 {
+		s.canaryCount = rapid.IntRange(1, 2).Draw(t, "canaryCount")
+		s.soakMinutes = rapid.IntRange(0, 5).Draw(t, "soakMinutes")
+	}
+	s.rollbackFailed = rapid.Bool().Draw(t, "rollbackFailed")
 	if rapid.Bool().Draw(t, "percent") {
 		s.maxUnavailable = intstr.FromString(fmt.Sprintf("%d%%", rapid.SampledFrom([]int{10, 25, 34, 50, 75, 100}).Draw(t, "pct")))
 	} else {
@@ -545,11 +631,13 @@ func (m *rolloutMachine) FlipCordon(t *rapid.T) {
 // User is the user, now and then: fixing a bad node's load (1 in 10) or resuming the rollout (1
 // in 10); rarer than the controllers' steps, so that failures pile up to the budget.
 func (m *rolloutMachine) User(t *rapid.T) {
-	switch rapid.IntRange(0, 9).Draw(t, "user") {
-	case 0:
+	switch rapid.IntRange(0, 19).Draw(t, "user") {
+	case 0, 1:
 		m.w.fix(rapid.IntRange(0, len(m.w.nodes)-1).Draw(t, "node"))
-	case 1:
+	case 2, 3:
 		m.w.resume()
+	case 4:
+		m.w.undo()
 	}
 }
 
@@ -576,8 +664,12 @@ func runRollout(f rolloutFaults) func(*rapid.T) {
 // planner runs, pair steps, readiness flips and cordons; invariants after every step,
 // convergence at the end.
 func TestRolloutProperties(t *testing.T) {
-	startedBesideUnavailable, pausedRuns = 0, 0
+	startedBesideUnavailable, pausedRuns, rollbackIntents, canaryWaits = 0, 0, 0, 0
 	rapid.Check(t, runRollout(rolloutFaults{}))
+	if rollbackIntents == 0 || canaryWaits == 0 {
+		t.Fatalf("%d nodes sent back, %d planner runs with the canaries soaking: the test does not exercise rollbacks and canaries", rollbackIntents, canaryWaits)
+	}
+	t.Logf("nodes sent back to %s: %d; planner runs with the canaries soaking: %d", simOld, rollbackIntents, canaryWaits)
 	if startedBesideUnavailable == 0 {
 		t.Fatal("no interleaving started a node while another was NotReady or cordoned: the test does not exercise the budget")
 	}
@@ -609,6 +701,10 @@ func runSeeded(seed uint64, steps int, f rolloutFaults) *rolloutWorld {
 	} else {
 		s.maxUnavailable = intstr.FromInt32(int32(1 + r.IntN(n)))
 	}
+	if r.IntN(3) == 0 {
+		s.canaryCount, s.soakMinutes = 1+r.IntN(2), r.IntN(6)
+	}
+	s.rollbackFailed = r.IntN(2) == 0
 	w := newRolloutWorld(s, f)
 	for range steps {
 		switch x := r.IntN(22); {
@@ -622,6 +718,8 @@ func runSeeded(seed uint64, steps int, f rolloutFaults) *rolloutWorld {
 			w.flipCordon(r.IntN(n))
 		case x < 21:
 			w.fix(r.IntN(n))
+		case r.IntN(3) == 0:
+			w.undo()
 		default:
 			w.resume()
 		}
@@ -678,8 +776,11 @@ var rolloutFaultCases = []struct {
 	{"a node unloads before its device plugin pod leaves", rolloutFaults{unloadsBeforeDPLeaves: true}, []string{"invariant device plugin"}},
 	{"the planner does not pause at the failure budget", rolloutFaults{ignoresFailureBudget: true}, []string{"invariant budget", "invariant pause status"}},
 	{"the planner does not count a failed node", rolloutFaults{failedNotCounted: true}, []string{"invariant maxUnavailable", "invariant budget", "invariant pause status", "invariant validation"}},
-	{"the planner counts a node upgraded before its validation succeeded", rolloutFaults{skipsValidation: true}, []string{"invariant maxUnavailable", "invariant convergence"}},
-	{"the planner counts a node upgraded before its device plugin is back", rolloutFaults{ignoresDevicePlugin: true}, []string{"invariant maxUnavailable", "invariant validation"}},
+	{"the planner counts a node upgraded before its validation succeeded", rolloutFaults{skipsValidation: true}, []string{"invariant maxUnavailable", "invariant convergence", "invariant canary"}},
+	{"the planner counts a node upgraded before its device plugin is back", rolloutFaults{ignoresDevicePlugin: true}, []string{"invariant maxUnavailable", "invariant validation", "invariant canary"}},
+	{"a node other than a canary starts before the canaries soaked", rolloutFaults{ignoresSoak: true}, []string{"invariant canary"}},
+	{"the planner forgets a rollback in progress", rolloutFaults{forgetsRollback: true}, []string{"invariant budget", "invariant rollback", "invariant undo"}},
+	{"a rollback loads the old version before unloading the new one", rolloutFaults{rollbackLoadsFirst: true}, []string{"invariant unload first"}},
 }
 
 // namesOneOf says whether a failure message names one of the invariants.
@@ -730,5 +831,133 @@ func TestRolloutSeededSimulationCatchesFaults(t *testing.T) {
 			}
 			t.Fatalf("no seed caught the fault %q", tc.name)
 		})
+	}
+}
+
+// towards keeps the intents to version.
+func towards(intents []Intent, version string) []Intent {
+	var out []Intent
+	for _, it := range intents {
+		if it.Version == version {
+			out = append(out, it)
+		}
+	}
+	return out
+}
+
+// undo is the user's kubectl kmm rollout undo.
+func (w *rolloutWorld) undo() {
+	w.undos++
+	w.undoPending = true
+	w.log("user: undo %d", w.undos)
+}
+
+// modelCanary updates the test's model of the canary from what the planner is about to see: the
+// soak counts from when every canary was last seen done, and passes for good once it lasted soak.
+func (w *rolloutWorld) modelCanary() {
+	if len(w.canaries) == 0 || w.canaryPassed {
+		return
+	}
+	for _, name := range w.canaries {
+		if !w.node(name).done() {
+			w.soakSince = nil
+			return
+		}
+	}
+	if w.soakSince == nil {
+		t := w.now
+		w.soakSince = &t
+	}
+	canaryWaits++
+	if !w.now.Before(w.soakSince.Add(w.soak)) {
+		w.canaryPassed = true
+		w.log("model: the canaries %v soaked since %s", w.canaries, w.soakSince.Format(time.TimeOnly))
+	}
+}
+
+// modelRollback updates the test's model of the rollbacks: the previous version is known once a
+// plan saw a node run it; a resume ends an undo, and a new undo (seen after the resume) starts one
+// when the previous version is known.
+func (w *rolloutWorld) modelRollback(resumed bool) {
+	for _, n := range w.nodes {
+		if n.state == kmmv1beta1.StateLoaded && n.loaded == simOld {
+			w.previousKnown = true
+		}
+	}
+	if resumed {
+		w.undoActive = false
+	}
+	if w.undoPending {
+		w.undoActive, w.undoPending = w.previousKnown, false
+	}
+}
+
+// checkIntents checks the planner's intents against the canary and rollback models before they
+// apply: a node starts towards the new version only once the canaries soaked (or is one), and
+// goes back to the old one only during an undo, or when it failed while paused with rollbackFailed.
+func (w *rolloutWorld) checkIntents(intents []Intent) {
+	for _, it := range intents {
+		n := w.node(it.Node)
+		if it.Version == simOld {
+			rollbackIntents++
+		}
+		switch {
+		case it.Version == simNew && len(w.canaries) > 0 && !w.canaryPassed && !slices.Contains(w.canaries, n.name) && !n.inProgress() && !n.rollingBack():
+			w.violate("invariant canary: %s started before the canaries %v soaked %v: %s", n.name, w.canaries, w.soak, w.describe())
+		case it.Version == simNew && w.undoActive && !n.inProgress() && !n.rollingBack():
+			w.violate("invariant undo: %s started towards %s during an undo: %s", n.name, simNew, w.describe())
+		case it.Version == simOld && !w.undoActive && (!w.rollbackFailed || !w.modelPaused || !n.failed()):
+			w.violate("invariant rollback: %s sent back to %s, neither failed while paused with rollbackFailed nor in an undo: %s", n.name, simOld, w.describe())
+		}
+	}
+}
+
+// checkRolledBack checks, after the intents applied, that a rollout paused at its budget with
+// rollbackFailed left no failed node on the new version (the previous version being known).
+func (w *rolloutWorld) checkRolledBack() {
+	if !w.rollbackFailed || !w.modelPaused || !w.previousKnown || w.undoActive {
+		return
+	}
+	for _, n := range w.nodes {
+		if n.failed() {
+			w.violate("invariant rollback: %s is UpgradeFailed and paused with rollbackFailed, but not sent back: %s", n.name, w.describe())
+		}
+	}
+}
+
+// TestRolloutUndoGoesBackNodeByNode pins one trace: three Ready nodes roll out v2 one at a time,
+// then the user undoes the rollout: each node unloads v2 and loads v1 again, one at a time, in
+// name order.
+func TestRolloutUndoGoesBackNodeByNode(t *testing.T) {
+	s := rolloutSetup{n: 3, unlabelled: make([]bool, 3), skip: make([]bool, 3), notReady: make([]bool, 3), bad: make([]bool, 3), maxUnavailable: intstr.FromInt32(1)}
+	w := newRolloutWorld(s, rolloutFaults{})
+	w.rounds()
+	for _, n := range w.nodes {
+		if !n.done() {
+			t.Fatalf("%s did not reach v2: %s", n.name, w.describe())
+		}
+	}
+	w.undo()
+	var order []string
+	for range 40 {
+		w.plan()
+		for i := range w.nodes {
+			w.advance(i)
+			w.check()
+		}
+		for _, n := range w.nodes {
+			if n.state == kmmv1beta1.StateLoaded && n.loaded == simOld && !slices.Contains(order, n.name) {
+				order = append(order, n.name)
+			}
+		}
+	}
+	if got := strings.Join(order, ","); got != "n0,n1,n2" {
+		t.Fatalf("rollback order %s, want n0,n1,n2: %s", got, w.describe())
+	}
+	if len(w.violations) > 0 {
+		t.Fatal(w.violations[0])
+	}
+	if rb := w.status.Rollback; rb == nil || rb.Reason != kmmv1beta1.ReasonRollbackUndo || w.status.NodesByUpgradeState[kmmv1beta1.RolledBack] != 3 {
+		t.Fatalf("status %+v: want an undo with three nodes RolledBack", w.status)
 	}
 }

@@ -107,3 +107,9 @@ const RolloutResumeAnnotation = "kmm.sigs.x-k8s.io/rollout-resume"
 
 // MaxRolloutResumeLength bounds the part of the rollout-resume annotation the controller reads.
 const MaxRolloutResumeLength = 64
+
+// RolloutUndoAnnotation is the Module annotation that rolls its rollout back (kubectl kmm rollout
+// undo writes the time): a value other than status.rollout.observedUndo moves every node back to
+// status.rollout.previous, until the version changes or the rollout is resumed. The controller
+// reads at most MaxRolloutResumeLength characters of it.
+const RolloutUndoAnnotation = "kmm.sigs.x-k8s.io/rollout-undo"

@@ -522,6 +522,44 @@ type UpgradePolicy struct {
 	// +kubebuilder:validation:Maximum=604800
 	// +optional
 	NodeTimeoutSeconds int32 `json:"nodeTimeoutSeconds,omitempty"`
+
+	// RollbackFailed: while the rollout is paused (at its failure budget or by the user), its
+	// UpgradeFailed nodes go back to the previous version (status.rollout.previous) through the
+	// same ordered path (the new version unloaded, then the previous one loaded). Absent or false:
+	// failed nodes stay as they are.
+	// +optional
+	RollbackFailed bool `json:"rollbackFailed,omitempty"`
+
+	// Canary chooses the first nodes to move; the others wait until those have run the new version
+	// for soakSeconds. Absent: every node may start as soon as maxUnavailable allows.
+	// +optional
+	Canary *CanarySpec `json:"canary,omitempty"`
+}
+
+// MaxCanaryNodes bounds the canary nodes of a rollout (CanarySpec.Count, CanaryStatus.Nodes).
+const MaxCanaryNodes = 32
+
+// CanarySpec chooses the canary nodes of an automatic rollout and how long they soak.
+type CanarySpec struct {
+	// NodeSelector picks the canary nodes among the managed nodes (those the Module selects, not
+	// skipped): the first count of those it matches, by name. Absent: the first count managed nodes.
+	// +kubebuilder:validation:MaxProperties=16
+	// +optional
+	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+
+	// Count is how many canary nodes, at most 32. 0 or absent: 1 without nodeSelector, every node
+	// it matches (at most 32) with it.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=32
+	// +optional
+	Count int32 `json:"count,omitempty"`
+
+	// SoakSeconds is how long every canary node must have been Upgraded (together, without a break)
+	// before the other nodes start. At most 7 days; 0: the others start once the canaries are Upgraded.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=604800
+	// +optional
+	SoakSeconds int32 `json:"soakSeconds,omitempty"`
 }
 
 // ValidationSpec is the validation pod of an automatic rollout: one container, run once per node
@@ -593,6 +631,13 @@ const (
 	UpgradeFailed UpgradeState = "UpgradeFailed"
 	// UpgradeSkipped: the node carries the upgrade-skip label.
 	UpgradeSkipped UpgradeState = "UpgradeSkipped"
+	// RollingBack: the node is on its way back to the previous version (status.rollout.rollback).
+	RollingBack UpgradeState = "RollingBack"
+	// RolledBack: the node runs the previous version again (its pair is Loaded with it) while the
+	// rollback lasts.
+	RolledBack UpgradeState = "RolledBack"
+	// CanaryWaiting: a node that is not a canary and waits for the canaries to soak.
+	CanaryWaiting UpgradeState = "CanaryWaiting"
 )
 
 // Reasons of a paused rollout (RolloutPause.Reason) and of an UpgradeFailed node.
@@ -613,7 +658,22 @@ const (
 	// ReasonValidating: the new version is loaded and the node's validation pod has not
 	// succeeded yet (an Upgrading node's reason).
 	ReasonValidating = "Validating"
+	// ReasonRollbackFailedNodes: upgradePolicy.rollbackFailed moves a paused rollout's failed nodes
+	// back (RolloutRollback.Reason).
+	ReasonRollbackFailedNodes = "FailedNodes"
+	// ReasonRollbackUndo: kubectl kmm rollout undo (the rollout-undo annotation) moves every node
+	// back (RolloutRollback.Reason).
+	ReasonRollbackUndo = "Undo"
+	// ReasonNoPreviousConfig: a node to roll back runs a kernel status.rollout.previous has no
+	// config for; it stays where it is.
+	ReasonNoPreviousConfig = "NoPreviousConfig"
 )
+
+// MaxPreviousConfigs bounds PreviousVersion.Configs: one config per kernel.
+const MaxPreviousConfigs = 8
+
+// MaxRollbackNodes bounds RolloutRollback.Nodes.
+const MaxRollbackNodes = 256
 
 // MaxRolloutNodesListed bounds RolloutStatus.Nodes: failed nodes first, then upgrading ones, by
 // name.
@@ -654,6 +714,79 @@ type RolloutStatus struct {
 	// +optional
 	// +kubebuilder:validation:MaxItems=32
 	Nodes []RolloutNodeStatus `json:"nodes,omitempty"`
+
+	// Canary is the canary of this version's rollout (upgradePolicy.canary).
+	// +optional
+	Canary *CanaryStatus `json:"canary,omitempty"`
+
+	// Previous is the version the nodes ran before this rollout and the configs they ran it with:
+	// what a rollback loads again.
+	// +optional
+	Previous *PreviousVersion `json:"previous,omitempty"`
+
+	// Rollback is set while nodes go back to the previous version.
+	// +optional
+	Rollback *RolloutRollback `json:"rollback,omitempty"`
+
+	// ObservedUndo is the value of the rollout-undo annotation the controller last acted on.
+	// +optional
+	ObservedUndo string `json:"observedUndo,omitempty"`
+}
+
+// CanaryStatus is the canary of a rollout.
+type CanaryStatus struct {
+	// Nodes are the canary nodes, chosen when the version's rollout started, at most 32.
+	// +kubebuilder:validation:MaxItems=32
+	// +optional
+	Nodes []string `json:"nodes,omitempty"`
+	// SoakStart is when every canary node was last seen Upgraded together (nil while one is not).
+	// +optional
+	SoakStart *metav1.Time `json:"soakStart,omitempty"`
+	// Passed: the canaries soaked for soakSeconds; the other nodes move.
+	// +optional
+	Passed bool `json:"passed,omitempty"`
+}
+
+// PreviousVersion is the version before a rollout with the configs its nodes ran, as their NMC
+// statuses recorded them.
+type PreviousVersion struct {
+	// Version is the previous version.
+	Version string `json:"version"`
+	// Configs are the configs the nodes ran the previous version with, one per kernel, at most 8.
+	// +kubebuilder:validation:MaxItems=8
+	// +optional
+	Configs []PreviousConfig `json:"configs,omitempty"`
+}
+
+// PreviousConfig is one kernel's config of the previous version and the worker pod settings that
+// loaded it.
+type PreviousConfig struct {
+	// Config is what was loaded (its kernelVersion names the kernel).
+	Config ModuleConfig `json:"config"`
+	// ServiceAccountName of the worker pods that loaded it.
+	// +optional
+	ServiceAccountName string `json:"serviceAccountName,omitempty"`
+	// ImageRepoSecret that loaded it.
+	// +optional
+	ImageRepoSecret *corev1.LocalObjectReference `json:"imageRepoSecret,omitempty"`
+	// Tolerations of the worker pods that loaded it.
+	// +optional
+	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
+}
+
+// RolloutRollback is a rollback in progress: nodes going back to the previous version.
+type RolloutRollback struct {
+	// Version is the version the nodes go back to.
+	Version string `json:"version"`
+	// Reason is FailedNodes (upgradePolicy.rollbackFailed, while paused) or Undo (kubectl kmm
+	// rollout undo: every node).
+	Reason string `json:"reason"`
+	// Since is when the rollback started.
+	Since metav1.Time `json:"since"`
+	// Nodes are the nodes going back (FailedNodes), at most 256; empty for Undo (every node).
+	// +kubebuilder:validation:MaxItems=256
+	// +optional
+	Nodes []string `json:"nodes,omitempty"`
 }
 
 // RolloutPause says why and since when a rollout starts no node.

@@ -23,21 +23,22 @@ type rolloutOptions struct {
 	output string
 }
 
-// newRolloutCommand is `kubectl kmm rollout status|pause|resume <module>`: what the rollout
-// controller wrote in status.rollout, and the user's two switches, spec.upgradePolicy.paused and
-// the rollout-resume annotation.
+// newRolloutCommand is `kubectl kmm rollout status|pause|resume|undo <module>`: what the rollout
+// controller wrote in status.rollout, and the user's three switches, spec.upgradePolicy.paused and
+// the rollout-resume and rollout-undo annotations.
 func newRolloutCommand(root *rootOptions) *cobra.Command {
 	o := &rolloutOptions{rootOptions: root}
 	cmd := &cobra.Command{
 		Use:   "rollout",
-		Short: "The automatic rollout of a Module's version: status, pause, resume",
+		Short: "The automatic rollout of a Module's version: status, pause, resume, undo",
 		Long: "The automatic rollout of a Module's version (spec.upgradePolicy.automatic): its nodes per\n" +
 			"upgrade state, its budgets and pause, the failed nodes with their reasons (status); stop starting\n" +
-			"nodes (pause); go on after a pause, by the user or at the failure budget (resume).",
+			"nodes (pause); go on after a pause, by the user or at the failure budget (resume); send every node\n" +
+			"back to the version it ran before (undo).",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cmd.SetOut(o.streams.ErrOut)
 			_ = cmd.Usage()
-			return errors.New("missing command: status, pause or resume")
+			return errors.New("missing command: status, pause, resume or undo")
 		},
 	}
 	one := func(use, short, example string, run func(context.Context, *session, moduleFilter) error) *cobra.Command {
@@ -70,7 +71,9 @@ func newRolloutCommand(root *rootOptions) *cobra.Command {
 		one("pause", "Start no more nodes (sets spec.upgradePolicy.paused); nodes already upgrading finish",
 			"  kubectl kmm rollout pause drivers/nic", o.pause),
 		one("resume", "Go on after a pause, by the user or at the failure budget",
-			"  kubectl kmm rollout resume drivers/nic", o.resume))
+			"  kubectl kmm rollout resume drivers/nic", o.resume),
+		one("undo", "Send every node back to the previous version (status.rollout.previous), maxUnavailable at a time",
+			"  kubectl kmm rollout undo drivers/nic", o.undo))
 	return cmd
 }
 
@@ -131,6 +134,32 @@ func (o *rolloutOptions) resume(ctx context.Context, s *session, f moduleFilter)
 		return err
 	}
 	_, err := fmt.Fprintf(o.streams.Out, "module %s/%s: rollout resumed\n", f.namespace, f.name)
+	return err
+}
+
+// undo sets the rollout-undo annotation to the time, a value the controller has not observed: every
+// node of the rollout goes back to status.rollout.previous's version through the ordered path,
+// maxUnavailable at a time, until the Module's version changes or the rollout is resumed. It
+// refuses when no previous version with a config is known.
+func (o *rolloutOptions) undo(ctx context.Context, s *session, f moduleFilter) error {
+	m, err := s.rolloutModule(ctx, f)
+	if err != nil {
+		return err
+	}
+	st := m.Status.Rollout
+	if st == nil || st.Version != m.Spec.Version() || st.Previous == nil || st.Previous.Version == m.Spec.Version() || len(st.Previous.Configs) == 0 {
+		return fmt.Errorf("module %s/%s: no previous version to go back to is known (status.rollout.previous); "+
+			"set spec.moduleLoader.container.version (and its kernel mappings) back instead", f.namespace, f.name)
+	}
+	patch := map[string]any{
+		"metadata": map[string]any{"annotations": map[string]any{kmmv1beta1.RolloutUndoAnnotation: s.now().UTC().Format(time.RFC3339Nano)}},
+	}
+	if err := s.patchModule(ctx, f, patch); err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(o.streams.Out, "module %s/%s: rollout undone: every node goes back to %s, maxUnavailable at a time; "+
+		"set the Module's version to %s to keep it there, or kubectl kmm rollout resume to roll %s out again\n",
+		f.namespace, f.name, st.Previous.Version, st.Previous.Version, m.Spec.Version())
 	return err
 }
 

@@ -378,6 +378,26 @@ func TestRenderRollout(t *testing.T) {
 	if got != want {
 		t.Fatalf("renderRollout:\n%s\nwant:\n%s", got, want)
 	}
+	m.Spec.UpgradePolicy = &kmmv1beta1.UpgradePolicy{Automatic: true, Canary: &kmmv1beta1.CanarySpec{SoakSeconds: 600}}
+	soak := at(-4 * time.Minute)
+	m.Status.Rollout = &kmmv1beta1.RolloutStatus{Version: "v2", MaxUnavailable: 1,
+		NodesByUpgradeState: map[kmmv1beta1.UpgradeState]int32{kmmv1beta1.Upgraded: 1, kmmv1beta1.CanaryWaiting: 3, kmmv1beta1.RollingBack: 1},
+		Canary:              &kmmv1beta1.CanaryStatus{Nodes: []string{"node-1"}, SoakStart: &soak},
+		Previous:            &kmmv1beta1.PreviousVersion{Version: "v1", Configs: []kmmv1beta1.PreviousConfig{{}}},
+		Rollback:            &kmmv1beta1.RolloutRollback{Version: "v1", Reason: kmmv1beta1.ReasonRollbackFailedNodes, Since: since, Nodes: []string{"node-4"}},
+		Nodes:               []kmmv1beta1.RolloutNodeStatus{{Name: "node-4", State: kmmv1beta1.RollingBack, PairState: kmmv1beta1.StateUnloading, Since: &since}}}
+	got = renderRollout(m, t0, 100)
+	want = "drivers/nic: rolling out v2\n" +
+		"ROLLING BACK to v1 (FailedNodes, 3m): the failed nodes node-4 go back (upgradePolicy.rollbackFailed) while the rollout is paused\n" +
+		"maxUnavailable 1, maxFailed none (0 failed)\n" +
+		"canary node-1: soaking since 4m (4m0s of 10m0s); the other nodes wait\n" +
+		"previous version v1 (1 kernel configs kept for a rollback)\n" +
+		"Upgraded 1, Upgrading 0, UpgradeFailed 0, UpgradePending 0, UpgradeSkipped 0, CanaryWaiting 3, RollingBack 1\n\n" +
+		"NODE    UPGRADE STATE  PAIR STATE  AGE  REASON\n" +
+		"node-4  RollingBack    Unloading   3m   \n"
+	if got != want {
+		t.Fatalf("renderRollout with a canary and a rollback:\n%s\nwant:\n%s", got, want)
+	}
 	m.Status.Rollout = &kmmv1beta1.RolloutStatus{Version: "v2", MaxUnavailable: 1,
 		NodesByUpgradeState: map[kmmv1beta1.UpgradeState]int32{kmmv1beta1.Upgraded: 2, kmmv1beta1.UpgradeSkipped: 1}}
 	if got := renderRollout(m, t0, 100); !strings.HasPrefix(got, "drivers/nic: complete v2\n") || !strings.Contains(got, "maxFailed none (0 failed)") {

@@ -29,13 +29,7 @@ func renderRollout(m *kmmv1beta1.Module, now time.Time, width int) string {
 	if p := st.Paused; p != nil {
 		fmt.Fprintf(&b, "PAUSED (%s, %s): %s\n", p.Reason, age(p.Since.Time, now), p.Message)
 	}
-	fmt.Fprintf(&b, "maxUnavailable %d, maxFailed %s", st.MaxUnavailable, failedBudget(st))
-	b.WriteString("\n")
-	counts := make([]string, 0, len(upgradeStates))
-	for _, s := range upgradeStates {
-		counts = append(counts, fmt.Sprintf("%s %d", s, st.NodesByUpgradeState[s]))
-	}
-	b.WriteString(strings.Join(counts, ", ") + "\n")
+	writeRolloutSummary(&b, m, st, now)
 	if len(st.Nodes) == 0 {
 		return b.String()
 	}
@@ -53,7 +47,8 @@ func renderRollout(m *kmmv1beta1.Module, now time.Time, width int) string {
 		t.add(n.Name, string(n.State), string(n.PairState), since, reason)
 	}
 	_ = t.write(&b)
-	if listed, total := len(st.Nodes), int(st.NodesByUpgradeState[kmmv1beta1.UpgradeFailed]+st.NodesByUpgradeState[kmmv1beta1.Upgrading]); listed < total {
+	if listed, total := len(st.Nodes), int(st.NodesByUpgradeState[kmmv1beta1.UpgradeFailed]+st.NodesByUpgradeState[kmmv1beta1.Upgrading]+
+		st.NodesByUpgradeState[kmmv1beta1.RollingBack]); listed < total {
 		fmt.Fprintf(&b, "(%d more not listed: status.rollout lists at most %d nodes)\n", total-listed, kmmv1beta1.MaxRolloutNodesListed)
 	}
 	return b.String()
@@ -62,6 +57,61 @@ func renderRollout(m *kmmv1beta1.Module, now time.Time, width int) string {
 // upgradeStates in the order `rollout status` counts them.
 var upgradeStates = []kmmv1beta1.UpgradeState{kmmv1beta1.Upgraded, kmmv1beta1.Upgrading, kmmv1beta1.UpgradeFailed,
 	kmmv1beta1.UpgradePending, kmmv1beta1.UpgradeSkipped}
+
+// writeRolloutSummary writes the rollback, budgets, canary, previous version and counts lines.
+func writeRolloutSummary(b *strings.Builder, m *kmmv1beta1.Module, st *kmmv1beta1.RolloutStatus, now time.Time) {
+	if rb := st.Rollback; rb != nil {
+		fmt.Fprintf(b, "ROLLING BACK to %s (%s, %s): %s\n", rb.Version, rb.Reason, age(rb.Since.Time, now), rollbackScope(rb))
+	}
+	fmt.Fprintf(b, "maxUnavailable %d, maxFailed %s\n", st.MaxUnavailable, failedBudget(st))
+	if c := st.Canary; c != nil {
+		b.WriteString(canaryLine(m, c, now) + "\n")
+	}
+	if p := st.Previous; p != nil {
+		fmt.Fprintf(b, "previous version %s (%d kernel configs kept for a rollback)\n", p.Version, len(p.Configs))
+	}
+	counts := make([]string, 0, len(upgradeStates)+len(rollbackStates))
+	for _, s := range upgradeStates {
+		counts = append(counts, fmt.Sprintf("%s %d", s, st.NodesByUpgradeState[s]))
+	}
+	for _, s := range rollbackStates {
+		if n := st.NodesByUpgradeState[s]; n > 0 {
+			counts = append(counts, fmt.Sprintf("%s %d", s, n))
+		}
+	}
+	b.WriteString(strings.Join(counts, ", ") + "\n")
+}
+
+// rollbackStates are the upgrade states `rollout status` counts only when some node is in them.
+var rollbackStates = []kmmv1beta1.UpgradeState{kmmv1beta1.CanaryWaiting, kmmv1beta1.RollingBack, kmmv1beta1.RolledBack}
+
+// rollbackScope says which nodes a rollback moves.
+func rollbackScope(rb *kmmv1beta1.RolloutRollback) string {
+	if rb.Reason == kmmv1beta1.ReasonRollbackUndo {
+		return "every node goes back, maxUnavailable at a time (kubectl kmm rollout undo); no node starts towards the version"
+	}
+	return fmt.Sprintf("the failed nodes %s go back (upgradePolicy.rollbackFailed) while the rollout is paused", strings.Join(rb.Nodes, ", "))
+}
+
+// canaryLine says the canary nodes and where their soak stands.
+func canaryLine(m *kmmv1beta1.Module, c *kmmv1beta1.CanaryStatus, now time.Time) string {
+	nodes := strings.Join(c.Nodes, ", ")
+	if nodes == "" {
+		nodes = "none chosen yet (no managed node matches canary.nodeSelector)"
+	}
+	soak := time.Duration(0)
+	if p := m.Spec.UpgradePolicy; p != nil && p.Canary != nil {
+		soak = time.Duration(p.Canary.SoakSeconds) * time.Second
+	}
+	switch {
+	case c.Passed:
+		return "canary " + nodes + ": passed"
+	case c.SoakStart != nil:
+		return fmt.Sprintf("canary %s: soaking since %s (%s of %s); the other nodes wait", nodes, age(c.SoakStart.Time, now),
+			now.Sub(c.SoakStart.Time).Truncate(time.Second), soak)
+	}
+	return "canary " + nodes + ": upgrading; the other nodes wait until they have run the version for " + soak.String()
+}
 
 // onlyUpgradedOrSkipped says whether every node counted is Upgraded or UpgradeSkipped.
 func onlyUpgradedOrSkipped(st *kmmv1beta1.RolloutStatus) bool {

@@ -19,7 +19,8 @@ import (
 // TestRolloutCommands runs `kubectl kmm rollout` against the operator: a Module rolled out
 // automatically over two nodes is paused (spec.upgradePolicy.paused), moved to v2 and shown paused
 // with both nodes pending and still labelled v1; resumed, it completes, and `rollout status` says
-// so (table and json). A Module without an automatic rollout is refused.
+// so (table and json). `rollout undo` then sends both nodes back to v1, whose config only
+// status.rollout.previous still holds. A Module without an automatic rollout is refused.
 func TestRolloutCommands(t *testing.T) {
 	ctx := context.Background()
 	cluster.StartOperator(t)
@@ -102,6 +103,39 @@ func TestRolloutCommands(t *testing.T) {
 	var st kmmv1beta1.RolloutStatus
 	if err != nil || json.Unmarshal([]byte(js), &st) != nil || st.Version != "v2" || st.NodesByUpgradeState[kmmv1beta1.Upgraded] != 2 {
 		t.Fatalf("rollout status -o json (%v):\n%s", err, js)
+	}
+	if st.Previous == nil || st.Previous.Version != "v1" || len(st.Previous.Configs) != 1 || st.Previous.Configs[0].Config.ContainerImage != "reg.example.com/nic:v1" {
+		t.Fatalf("status.rollout.previous = %+v, want v1's config", st.Previous)
+	}
+
+	// Undo: both nodes go back to v1, one at a time, and load v1's image again; v2's mappings are
+	// the only ones in the Module.
+	if out, err := kmm(t, "rollout", "undo", ns+"/nic", "--kubeconfig", kubeconfig); err != nil || !strings.Contains(out, "every node goes back to v1") {
+		t.Fatalf("rollout undo: %q, %v", out, err)
+	}
+	out = rolloutStatus("ROLLING BACK to v1 (Undo", "RolledBack 2")
+	t.Logf("kubectl kmm rollout status (undone):\n%s", out)
+	for _, n := range nodes {
+		nmc := &kmmv1beta1.NodeModulesConfig{}
+		if err := k8s.Get(ctx, client.ObjectKey{Name: n}, nmc); err != nil {
+			t.Fatal(err)
+		}
+		if e := nmc.StatusEntry(ns, "nic"); e == nil || e.State != kmmv1beta1.StateLoaded || e.Config == nil ||
+			e.Config.Version != "v1" || e.Config.ContainerImage != "reg.example.com/nic:v1" {
+			t.Fatalf("node %s after the undo: %+v, want v1's image Loaded", n, e)
+		}
+		for _, tr := range nmc.StatusEntry(ns, "nic").Transitions {
+			if tr.To == kmmv1beta1.StateLoading && tr.From == kmmv1beta1.StateLoaded {
+				t.Fatalf("node %s loaded v1 straight from Loaded v2: %+v", n, nmc.StatusEntry(ns, "nic").Transitions)
+			}
+		}
+	}
+	// The user keeps v1: the Module asks for it again, and the rollout is complete. No node runs
+	// v2 any more: an undo has nothing to go back to, and says so.
+	bump(t, k8s, ns, "nic", "v1", "reg.example.com/nic:v1")
+	rolloutStatus("complete v1", "Upgraded 2")
+	if _, err := kmm(t, "rollout", "undo", ns+"/nic", "--kubeconfig", kubeconfig); err == nil || !strings.Contains(err.Error(), "no previous version") {
+		t.Fatalf("rollout undo with no config of a previous version: %v", err)
 	}
 }
 

@@ -78,8 +78,8 @@ func (r *Reconciler) readMIC(ctx context.Context, m *kmmv1beta1.Module) (*kmmv1b
 func gateImages(m *kmmv1beta1.Module, decisions map[string]fsm.SpecDecision, mic *kmmv1beta1.ModuleImagesConfig) map[string]imageWait {
 	out := map[string]imageWait{}
 	for node, d := range decisions {
-		if d.Action != fsm.SpecUpdate || d.Entry == nil {
-			continue
+		if d.Action != fsm.SpecUpdate || d.Entry == nil || d.Reason == fsm.ReasonRollback {
+			continue // a rollback's image was loaded on the nodes before: it is there
 		}
 		if b, s := mapping.Recipe(m, d.Entry.Config.KernelVersion); b == nil && s == nil {
 			continue
