@@ -2,8 +2,10 @@ package upgrade_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -89,6 +91,17 @@ func TestRolloutValidatesAfterLoad(t *testing.T) {
 			t.Errorf("node %s: validation pod of v2 %q, want Succeeded", n, byNode[n])
 		}
 	}
+
+	// The Module owns its validation pods: once it is deleted (and unloaded), they go with it.
+	if err := k8s.Delete(context.Background(), bumped(t, tb.NS)); err != nil {
+		t.Fatal(err)
+	}
+	testbed.Eventually(t, 90*time.Second, func() (bool, string) {
+		if err := k8s.List(context.Background(), pods, client.InNamespace(tb.NS), client.MatchingLabels{contract.LabelValidation: "true"}); err != nil {
+			return false, err.Error()
+		}
+		return len(pods.Items) == 0, fmt.Sprintf("%d validation pods left after the Module's deletion", len(pods.Items))
+	})
 }
 
 // bumped reads the Module nic.

@@ -31,7 +31,7 @@ func ValidationPodName(m *kmmv1beta1.Module, node string) string {
 // the node (no scheduler: a cordon does not keep it out), with the Module's tolerations, never
 // restarted, stopped after timeoutSeconds, its log's tail as its termination message when it
 // fails without one. kmm's labels mark it as kmm's (a drain spares it) and name the Module, node
-// and version.
+// and version; the Module owns it, so it goes with the Module.
 func NewValidationPod(m *kmmv1beta1.Module, node string) *corev1.Pod {
 	v := m.Spec.UpgradePolicy.Validation
 	timeout := int64(v.TimeoutSeconds)
@@ -41,7 +41,10 @@ func NewValidationPod(m *kmmv1beta1.Module, node string) *corev1.Pod {
 	c := v.Container
 	env := append([]corev1.EnvVar{{Name: "KMM_NODE_NAME", Value: node}, {Name: "KMM_MODULE_VERSION", Value: m.Spec.Version()}}, c.Env...)
 	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: m.Namespace, Name: ValidationPodName(m, node), Labels: map[string]string{
+		// The Module owns it (not as its controller): the garbage collector removes it with the Module.
+		ObjectMeta: metav1.ObjectMeta{Namespace: m.Namespace, Name: ValidationPodName(m, node), OwnerReferences: []metav1.OwnerReference{{
+			APIVersion: kmmv1beta1.GroupVersion.String(), Kind: "Module", Name: m.Name, UID: m.UID,
+		}}, Labels: map[string]string{
 			contract.LabelManagedBy: contract.ManagedBy, contract.LabelValidation: "true",
 			contract.LabelModuleNamespace: m.Namespace, contract.LabelModuleName: m.Name,
 			contract.LabelNode: contract.Bounded(node, contract.MaxLabelValue), contract.LabelVersion: m.Spec.Version(),

@@ -106,17 +106,15 @@ func testHooksAndValidation(t *testing.T, k *kmmEnv) {
 	}
 	checkHookRan(t, k, events[unloadDone].pod, contract.PreUnloadHookContainer, contract.ContainerName, "pre-unload")
 	k.setNodeLabel(t, kmmv1beta1.ModuleVersionLabel(kmmNamespace, modHooked), "")
-	// The validation pod has no owner: said here, and removed for the steps after this one.
-	left := &corev1.PodList{}
-	if err := k.cl.List(ctx, left, client.InNamespace(kmmNamespace), client.MatchingLabels{contract.LabelValidation: "true", contract.LabelModuleName: modHooked}); err != nil {
-		t.Fatal(err)
-	}
-	for i := range left.Items {
-		t.Logf("the validation pod %s (%s) is left after its Module was deleted; deleting it", left.Items[i].Name, left.Items[i].Status.Phase)
-		if err := k.cl.Delete(ctx, &left.Items[i]); client.IgnoreNotFound(err) != nil {
-			t.Fatal(err)
+	// The Module owns its validation pod: the garbage collector removes it with the Module.
+	k.waitPods(t, func(pods []corev1.Pod) (bool, string) {
+		for i := range pods {
+			if p := &pods[i]; p.Labels[contract.LabelValidation] == "true" && p.Labels[contract.LabelModuleName] == modHooked {
+				return false, "the validation pod " + p.Name + " (" + string(p.Status.Phase) + ") is left after its Module was deleted"
+			}
 		}
-	}
+		return true, ""
+	})
 }
 
 // checkHookRan checks a finished worker pod: its init container (first) finished before its
