@@ -34,6 +34,9 @@ type Trust struct {
 	BundleFiles []string
 	// CertsDirs are certs.d directories; a missing directory is skipped.
 	CertsDirs []string
+	// BundlePEM are PEM bundles given in memory, trusted for every endpoint (the operator reads
+	// the CA bundle ConfigMap through the API; each at most MaxCABytes).
+	BundlePEM [][]byte
 }
 
 // Reference is ref as served by the endpoint (same tag or digest, the endpoint's host and
@@ -88,7 +91,7 @@ func (e Endpoint) tlsConfig(base *tls.Config, trust Trust) (*tls.Config, error) 
 		return cfg, nil
 	}
 	files, err := e.caFiles(trust)
-	if err != nil || len(files) == 0 {
+	if err != nil || len(files)+len(trust.BundlePEM) == 0 {
 		return cfg, err
 	}
 	pool := cfg.RootCAs
@@ -98,6 +101,11 @@ func (e Endpoint) tlsConfig(base *tls.Config, trust Trust) (*tls.Config, error) 
 		}
 	} else {
 		pool = pool.Clone()
+	}
+	for i, pem := range trust.BundlePEM {
+		if len(pem) > MaxCABytes || !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("CA bundle %d for %s holds no PEM certificate or is larger than %d bytes", i, e.Host, MaxCABytes)
+		}
 	}
 	for _, f := range files {
 		pem, err := readBounded(f, MaxCABytes)
