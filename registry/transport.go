@@ -90,7 +90,7 @@ func (e Endpoint) tlsConfig(base *tls.Config, trust Trust) (*tls.Config, error) 
 		cfg.InsecureSkipVerify = true // #nosec G402 -- the registry configuration asked for it (skip_verify, insecure, insecureSkipTLSVerify)
 		return cfg, nil
 	}
-	files, err := e.caFiles(trust)
+	files, err := e.TrustedCAFiles(trust)
 	if err != nil || len(files)+len(trust.BundlePEM) == 0 {
 		return cfg, err
 	}
@@ -123,8 +123,9 @@ func (e Endpoint) tlsConfig(base *tls.Config, trust Trust) (*tls.Config, error) 
 	return cfg, nil
 }
 
-// caFiles lists the CA files of the endpoint: bundles, its own, then certs.d/<host>/*.crt.
-func (e Endpoint) caFiles(trust Trust) ([]string, error) {
+// TrustedCAFiles lists the CA files of the endpoint: bundles, its own, then certs.d/<host>/*.crt
+// (at most MaxCAFiles; a bundle file may not exist).
+func (e Endpoint) TrustedCAFiles(trust Trust) ([]string, error) {
 	files := append(append([]string(nil), trust.BundleFiles...), e.CAFiles...)
 	for _, d := range trust.CertsDirs {
 		m, err := filepath.Glob(filepath.Join(d, e.Host, "*.crt"))
