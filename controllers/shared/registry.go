@@ -43,9 +43,9 @@ const (
 	// RegistriesConfKey is the key of RegistryOptions.RegistriesConfigMap.
 	RegistriesConfKey = "registries.conf"
 	// CABundleKey is the key of RegistryOptions.CABundleConfigMap.
-	CABundleKey          = "ca-bundle.crt"
-	registriesConfigDir  = "/etc/kmm/registries"
-	caBundleDir          = "/etc/kmm/ca-bundle"
+	CABundleKey         = "ca-bundle.crt"
+	registriesConfigDir = "/etc/kmm/registries"
+	caBundleDir         = "/etc/kmm/ca-bundle"
 	// RegistryVolumePrefix starts the names of the registry settings' volumes.
 	RegistryVolumePrefix = "registry-"
 )
