@@ -17,9 +17,9 @@ const (
 	FlagOperatorRegistriesConf   = "operator-registries-conf"
 	FlagCABundle                 = "ca-bundle"
 	FlagCertsDir                 = "certs-dir"
-	FlagPullSecretDir            = "pull-secret-dir" //nolint:gosec // G101: a flag name, not a credential
-	FlagCredentialProviderConfig = "credential-provider-config"
-	FlagCredentialProviderBinDir = "credential-provider-bin-dir"
+	FlagPullSecretDir            = "pull-secret-dir"
+	FlagCredentialProviderConfig = "credential-provider-config"  //nolint:gosec // G101: a flag name, not a credential
+	FlagCredentialProviderBinDir = "credential-provider-bin-dir" //nolint:gosec // G101: a flag name, not a credential
 )
 
 // Flags are the registry settings of one pod, as its command line gives them: where the mirrors,

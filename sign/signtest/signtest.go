@@ -36,7 +36,7 @@ func ELFObject(typ elf.Type, name string, pad int, modinfo bool) []byte {
 	}
 	hdrs := []elf.Section64{{}}
 	for _, s := range secs {
-		hdrs = append(hdrs, elf.Section64{Name: s.name, Type: uint32(s.typ), Off: uint64(body.Len()), Size: uint64(len(s.data)), Addralign: 1})
+		hdrs = append(hdrs, elf.Section64{Name: s.name, Type: uint32(s.typ), Off: uint64(body.Len()), Size: uint64(len(s.data)), Addralign: 1}) //nolint:gosec // G115: offsets of a few KiB
 		body.Write(s.data)
 	}
 	for body.Len()%8 != 0 {
@@ -49,7 +49,7 @@ func ELFObject(typ elf.Type, name string, pad int, modinfo bool) []byte {
 	out := body.Bytes()
 	hdr := elf.Header64{
 		Type: uint16(typ), Machine: uint16(elf.EM_X86_64), Version: uint32(elf.EV_CURRENT),
-		Shoff: uint64(shoff), Ehsize: 64, Shentsize: 64, Shnum: uint16(len(hdrs)), Shstrndx: uint16(len(hdrs) - 1),
+		Shoff: uint64(shoff), Ehsize: 64, Shentsize: 64, Shnum: uint16(len(hdrs)), Shstrndx: uint16(len(hdrs) - 1), //nolint:gosec // G115: a few sections
 	}
 	copy(hdr.Ident[:], elf.ELFMAG)
 	hdr.Ident[elf.EI_CLASS], hdr.Ident[elf.EI_DATA], hdr.Ident[elf.EI_VERSION] = byte(elf.ELFCLASS64), byte(elf.ELFDATA2LSB), byte(elf.EV_CURRENT)
