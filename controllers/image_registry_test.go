@@ -2,7 +2,9 @@ package controllers_test
 
 import (
 	"fmt"
+	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -11,6 +13,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/transport"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/cmd/manager/app"
@@ -201,4 +205,51 @@ func eventCount(t *testing.T, ns, name, reason string) int {
 		}
 	}
 	return n
+}
+
+// TestImageUnreadableServiceAccountIsReported: the build and sign pods mount the Module's
+// ServiceAccount's pull secrets, and the check uses them, as worker pods do. When the operator may
+// not read that ServiceAccount (its GETs go to the API server as a user without RBAC rules), the
+// image's state says so (forbidden, naming it), with a Warning Event, and no build pod is made
+// without the pull secrets; once the read is allowed the image is built and loads.
+func TestImageUnreadableServiceAccountIsReported(t *testing.T) {
+	tb := cluster.NewBed(t, 1, testbed.KernelA)
+	var forbid atomic.Bool
+	forbid.Store(true)
+	saPath := "/api/v1/namespaces/" + tb.NS + "/serviceaccounts/loader"
+	cluster.StartOperatorAs(t, func(cfg *rest.Config) {
+		cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+			return roundTripFunc(func(req *http.Request) (*http.Response, error) {
+				if forbid.Load() && req.Method == http.MethodGet && req.URL.Path == saPath {
+					req = req.Clone(req.Context())
+					req.Header.Set(transport.ImpersonateUserHeader, "kmm-test-without-rbac")
+				}
+				return rt.RoundTrip(req)
+			})
+		})
+	})
+	reg := ocireg.Start(t, ocireg.Options{})
+	k := startImageKubelet(t, reg, tb.NS)
+	tb.Create(&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: tb.NS, Name: "loader"},
+		ImagePullSecrets: []corev1.LocalObjectReference{{Name: "team-registry"}}})
+	recipeInputs(t, tb, "sa", true, "")
+	m := recipeModule(tb, reg, "sa", true, false)
+	m.Spec.ModuleLoader.ServiceAccountName = "loader"
+	tb.Create(m)
+	img := reg.Host + "/sa:" + testbed.KernelA
+
+	testbed.Eventually(t, 30*time.Second, func() (bool, string) {
+		st := imageState(tb.NS, "sa", img)
+		return strings.Contains(st.Message, "forbidden") && strings.Contains(st.Message, tb.NS+"/loader"),
+			fmt.Sprintf("the image's state naming the unreadable ServiceAccount, now %s (%s: %s)", st.State, st.Reason, st.Message)
+	})
+	testbed.Eventually(t, 10*time.Second, func() (bool, string) {
+		return eventCount(t, tb.NS, "sa", image.ReasonRegistryUnreachable)+eventCount(t, tb.NS, "sa", string(image.BuildFailed)) >= 1,
+			"a Warning Event on the Module"
+	})
+	if b := k.pods("build"); len(b) != 0 {
+		t.Fatalf("build pods %v made without the ServiceAccount's pull secrets", b)
+	}
+	forbid.Store(false)
+	tb.WaitLoaded("sa", img, tb.Nodes...)
 }

@@ -130,6 +130,11 @@ func (r *Reconciler) missingInput(ctx context.Context, m *kmmv1beta1.Module, mic
 			return msg
 		}
 	}
+	// The pod mounts the ServiceAccount's pull secrets, as worker pods do: one that cannot be read
+	// (an install without get on serviceaccounts) fails the run with the reason, not the pod.
+	if _, err := shared.ServiceAccountPullSecrets(ctx, r.reader(), m.Namespace, serviceAccount(m)); err != nil {
+		return err.Error()
+	}
 	return ""
 }
 
