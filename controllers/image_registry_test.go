@@ -2,9 +2,7 @@ package controllers_test
 
 import (
 	"fmt"
-	"net/http"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,8 +11,6 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/transport"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/cmd/manager/app"
@@ -214,20 +210,7 @@ func eventCount(t *testing.T, ns, name, reason string) int {
 // without the pull secrets; once the read is allowed the image is built and loads.
 func TestImageUnreadableServiceAccountIsReported(t *testing.T) {
 	tb := cluster.NewBed(t, 1, testbed.KernelA)
-	var forbid atomic.Bool
-	forbid.Store(true)
-	saPath := "/api/v1/namespaces/" + tb.NS + "/serviceaccounts/loader"
-	cluster.StartOperatorAs(t, func(cfg *rest.Config) {
-		cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
-			return roundTripFunc(func(req *http.Request) (*http.Response, error) {
-				if forbid.Load() && req.Method == http.MethodGet && req.URL.Path == saPath {
-					req = req.Clone(req.Context())
-					req.Header.Set(transport.ImpersonateUserHeader, "kmm-test-without-rbac")
-				}
-				return rt.RoundTrip(req)
-			})
-		})
-	})
+	forbid := startOperatorForbiddenToGet(t, "/api/v1/namespaces/"+tb.NS+"/serviceaccounts/loader")
 	reg := ocireg.Start(t, ocireg.Options{})
 	k := startImageKubelet(t, reg, tb.NS)
 	tb.Create(&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: tb.NS, Name: "loader"},
