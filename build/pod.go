@@ -51,6 +51,18 @@ type Request struct {
 	Labels map[string]string
 	// Owner is the pod's owner (deleting it cancels the build).
 	Owner metav1.OwnerReference
+	// Registry are the registry settings every pod of kmm's that pulls or pushes takes (the
+	// worker's: mirrors, CAs, the service account's pull secrets, credential providers), as the
+	// operator defines them once (controllers/shared.RegistryOptions): cmd/builder reads the same
+	// flags as the worker and turns them into buildkitd's configuration.
+	Registry PodParts
+}
+
+// PodParts are arguments, container mounts and pod volumes added to the build pod.
+type PodParts struct {
+	Args    []string
+	Mounts  []corev1.VolumeMount
+	Volumes []corev1.Volume
 }
 
 // The build arguments kmm sets, as upstream KMM names them.
@@ -196,6 +208,7 @@ func (r Request) args() []string {
 	for _, a := range r.BuildArgsWithKMM() {
 		args = append(args, FlagBuildArg, a.Name+"="+a.Value)
 	}
+	args = append(args, r.Registry.Args...)
 	if r.PullSecret != nil {
 		args = append(args, FlagDockerConfig, PushSecretDir)
 	}
@@ -230,7 +243,7 @@ func (r Request) mounts() []corev1.VolumeMount {
 	for i, s := range r.Secrets {
 		m = append(m, corev1.VolumeMount{Name: secretVolume(i), MountPath: path.Join(SecretsDir, s.Name), ReadOnly: true})
 	}
-	return m
+	return append(m, r.Registry.Mounts...)
 }
 
 func (r Request) volumes() []corev1.Volume {
@@ -251,7 +264,7 @@ func (r Request) volumes() []corev1.Volume {
 	for i, s := range r.Secrets {
 		v = append(v, corev1.Volume{Name: secretVolume(i), VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: s.Name}}})
 	}
-	return v
+	return append(v, r.Registry.Volumes...)
 }
 
 func secretVolume(i int) string { return "secret-" + strconv.Itoa(i) }

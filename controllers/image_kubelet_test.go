@@ -44,19 +44,25 @@ type imageKubelet struct {
 	reg *ocireg.Registry
 	ns  string
 
-	mu        sync.Mutex
-	hold      bool
-	buildFail string
-	created   []string // pod names, in creation order
-	pushed    map[string]time.Time
+	mu sync.Mutex
+	// real runs the pods as their containers would (image_realpods_test.go); the build pushes a
+	// kmod image with a module at each of modulePaths.
+	real        bool
+	modulePaths []string
+	hold        bool
+	buildFail   string
+	created     []string // pod names, in creation order
+	createdAt   map[string]time.Time
+	pushed      map[string]time.Time
 }
 
 func startImageKubelet(t *testing.T, reg *ocireg.Registry, ns string) *imageKubelet {
-	k := &imageKubelet{t: t, reg: reg, ns: ns, pushed: map[string]time.Time{}}
+	k := &imageKubelet{t: t, reg: reg, ns: ns, pushed: map[string]time.Time{}, createdAt: map[string]time.Time{}}
 	testbed.Watch(t, cluster, &corev1.PodList{}, func(ev watch.EventType, p *corev1.Pod) {
 		if ev == watch.Added {
 			k.mu.Lock()
 			k.created = append(k.created, p.Name)
+			k.createdAt[p.Name] = p.CreationTimestamp.Time
 			k.mu.Unlock()
 		}
 	}, client.InNamespace(ns), client.HasLabels{imagecontroller.LabelImageJob})
@@ -82,6 +88,12 @@ func (k *imageKubelet) set(f func(k *imageKubelet)) {
 	f(k)
 }
 
+func (k *imageKubelet) isReal() bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.real
+}
+
 // pods are the build and sign pods created so far, by kind.
 func (k *imageKubelet) pods(kind string) []string {
 	k.mu.Lock()
@@ -93,6 +105,20 @@ func (k *imageKubelet) pods(kind string) []string {
 		}
 	}
 	return out
+}
+
+// podsOf are the module's pods of kind created so far, in creation order, with their creation times.
+func (k *imageKubelet) podsOf(module, kind string) ([]string, []time.Time) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var names []string
+	var at []time.Time
+	for _, n := range k.created {
+		if strings.HasPrefix(n, module+"-"+kind+"-") {
+			names, at = append(names, n), append(at, k.createdAt[n])
+		}
+	}
+	return names, at
 }
 
 func (k *imageKubelet) pushedAt(img string) (time.Time, bool) {
@@ -118,7 +144,13 @@ func (k *imageKubelet) runPods(ctx context.Context) {
 		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed || !p.DeletionTimestamp.IsZero() {
 			continue
 		}
-		ok, msg := k.run(ctx, p, buildFail)
+		var ok bool
+		var msg string
+		if k.isReal() {
+			ok, msg = k.realResult(ctx, p)
+		} else {
+			ok, msg = k.run(ctx, p, buildFail)
+		}
 		k.finish(ctx, p, ok, msg)
 	}
 }

@@ -154,20 +154,7 @@ func serviceAccountGets(t *testing.T) int {
 func TestUnreadableServiceAccountIsReported(t *testing.T) {
 	tb := cluster.NewBed(t, 1, testbed.KernelA)
 	n := tb.Nodes[0]
-	var forbid atomic.Bool
-	forbid.Store(true)
-	saPath := "/api/v1/namespaces/" + tb.NS + "/serviceaccounts/loader"
-	cluster.StartOperatorAs(t, func(cfg *rest.Config) {
-		cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
-			return roundTripFunc(func(req *http.Request) (*http.Response, error) {
-				if forbid.Load() && req.Method == http.MethodGet && req.URL.Path == saPath {
-					req = req.Clone(req.Context())
-					req.Header.Set(transport.ImpersonateUserHeader, "kmm-test-without-rbac")
-				}
-				return rt.RoundTrip(req)
-			})
-		})
-	})
+	forbid := startOperatorForbiddenToGet(t, "/api/v1/namespaces/"+tb.NS+"/serviceaccounts/loader")
 	tb.Create(&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: tb.NS, Name: "loader"},
 		ImagePullSecrets: []corev1.LocalObjectReference{{Name: "team-registry"}}})
 	m := tb.Module("nic")
@@ -206,6 +193,26 @@ func TestUnreadableServiceAccountIsReported(t *testing.T) {
 			t.Errorf("worker pod %s lacks the service account's pull secrets: %q", p.Name, p.Spec.Containers[0].Args)
 		}
 	}
+}
+
+// startOperatorForbiddenToGet starts the operator with its GETs of path sent to the real API server
+// as a user without RBAC rules (403 Forbidden) while the returned flag is set (it starts set).
+func startOperatorForbiddenToGet(t *testing.T, path string) *atomic.Bool {
+	t.Helper()
+	var forbid atomic.Bool
+	forbid.Store(true)
+	cluster.StartOperatorAs(t, func(cfg *rest.Config) {
+		cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+			return roundTripFunc(func(req *http.Request) (*http.Response, error) {
+				if forbid.Load() && req.Method == http.MethodGet && req.URL.Path == path {
+					req = req.Clone(req.Context())
+					req.Header.Set(transport.ImpersonateUserHeader, "kmm-test-without-rbac")
+				}
+				return rt.RoundTrip(req)
+			})
+		})
+	})
+	return &forbid
 }
 
 type roundTripFunc func(*http.Request) (*http.Response, error)

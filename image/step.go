@@ -149,7 +149,7 @@ func noteRegistry(st *kmmv1beta1.ModuleImageState, f *Facts) {
 	if f.Registry.Answer == AnswerError {
 		st.Attempts++
 		st.Reason = ReasonRegistryUnreachable
-		st.Message = clip("the registry did not answer: " + f.Registry.Message)
+		st.Message = clip("the registry check failed: " + f.Registry.Message)
 	}
 }
 

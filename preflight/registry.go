@@ -138,6 +138,15 @@ func classify(err error) CheckResult {
 	return CheckResult{Outcome: Unreachable, Detail: detail}
 }
 
+// BaseTransport is the transport checks start from: Transport, or go-containerregistry's default
+// with the timeouts above.
+func (r Registry) BaseTransport() http.RoundTripper {
+	if r.Transport == nil {
+		return defaultTransport
+	}
+	return r.Transport
+}
+
 // transport is the base transport with the Module's registryTLS applied as the worker applies it:
 // certificate verification off only with insecureSkipTLSVerify (insecure, plain HTTP, is a
 // property of the reference: name.Insecure).

@@ -34,6 +34,9 @@ type Trust struct {
 	BundleFiles []string
 	// CertsDirs are certs.d directories; a missing directory is skipped.
 	CertsDirs []string
+	// BundlePEM are PEM bundles given in memory, trusted for every endpoint (the operator reads
+	// the CA bundle ConfigMap through the API; each at most MaxCABytes).
+	BundlePEM [][]byte
 }
 
 // Reference is ref as served by the endpoint (same tag or digest, the endpoint's host and
@@ -87,8 +90,8 @@ func (e Endpoint) tlsConfig(base *tls.Config, trust Trust) (*tls.Config, error) 
 		cfg.InsecureSkipVerify = true // #nosec G402 -- the registry configuration asked for it (skip_verify, insecure, insecureSkipTLSVerify)
 		return cfg, nil
 	}
-	files, err := e.caFiles(trust)
-	if err != nil || len(files) == 0 {
+	files, err := e.TrustedCAFiles(trust)
+	if err != nil || len(files)+len(trust.BundlePEM) == 0 {
 		return cfg, err
 	}
 	pool := cfg.RootCAs
@@ -98,6 +101,11 @@ func (e Endpoint) tlsConfig(base *tls.Config, trust Trust) (*tls.Config, error) 
 		}
 	} else {
 		pool = pool.Clone()
+	}
+	for i, pem := range trust.BundlePEM {
+		if len(pem) > MaxCABytes || !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("CA bundle %d for %s holds no PEM certificate or is larger than %d bytes", i, e.Host, MaxCABytes)
+		}
 	}
 	for _, f := range files {
 		pem, err := readBounded(f, MaxCABytes)
@@ -115,8 +123,9 @@ func (e Endpoint) tlsConfig(base *tls.Config, trust Trust) (*tls.Config, error) 
 	return cfg, nil
 }
 
-// caFiles lists the CA files of the endpoint: bundles, its own, then certs.d/<host>/*.crt.
-func (e Endpoint) caFiles(trust Trust) ([]string, error) {
+// TrustedCAFiles lists the CA files of the endpoint: bundles, its own, then certs.d/<host>/*.crt
+// (at most MaxCAFiles; a bundle file may not exist).
+func (e Endpoint) TrustedCAFiles(trust Trust) ([]string, error) {
 	files := append(append([]string(nil), trust.BundleFiles...), e.CAFiles...)
 	for _, d := range trust.CertsDirs {
 		m, err := filepath.Glob(filepath.Join(d, e.Host, "*.crt"))

@@ -1,7 +1,6 @@
 package sign
 
 import (
-	"bytes"
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -10,12 +9,13 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"debug/elf"
-	"encoding/binary"
 	"io"
 	"log"
 	"math/big"
 	"testing"
 	"time"
+
+	"github.com/kmm-project/kmm/sign/signtest"
 )
 
 // keyPair is a test key with its certificate.
@@ -81,61 +81,16 @@ func (p keyPair) signer(t testing.TB, h crypto.Hash) *Signer {
 	return s
 }
 
-// fakeModule returns a minimal ELF64 relocatable object with a .modinfo section and pad bytes of
-// payload (a .text section), which CheckModule takes for a kernel module.
+// fakeModule is signtest.FakeModule.
 func fakeModule(t testing.TB, name string, pad int) []byte {
 	t.Helper()
-	return elfObject(t, elf.ET_REL, name, pad, true)
+	return signtest.FakeModule(name, pad)
 }
 
-// elfObject writes an ELF64 little-endian object of the type with sections .modinfo (when
-// modinfo), .text (pad bytes, a pattern from name) and .shstrtab.
+// elfObject is signtest.ELFObject.
 func elfObject(t testing.TB, typ elf.Type, name string, pad int, modinfo bool) []byte {
 	t.Helper()
-	shstr := []byte("\x00.modinfo\x00.text\x00.shstrtab\x00")
-	info := []byte("license=GPL\x00name=" + name + "\x00")
-	text := make([]byte, pad)
-	for i := range text {
-		text[i] = name[i%len(name)] ^ byte(i>>8)
-	}
-	var body bytes.Buffer
-	body.Write(make([]byte, 64))
-	type sec struct {
-		name uint32
-		data []byte
-		typ  elf.SectionType
-	}
-	secs := []sec{{name: 10, data: text, typ: elf.SHT_PROGBITS}, {name: 16, data: shstr, typ: elf.SHT_STRTAB}}
-	if modinfo {
-		secs = append([]sec{{name: 1, data: info, typ: elf.SHT_PROGBITS}}, secs...)
-	}
-	hdrs := []elf.Section64{{}}
-	for _, s := range secs {
-		hdrs = append(hdrs, elf.Section64{Name: s.name, Type: uint32(s.typ), Off: uint64(body.Len()), Size: uint64(len(s.data)), Addralign: 1})
-		body.Write(s.data)
-	}
-	for body.Len()%8 != 0 {
-		body.WriteByte(0)
-	}
-	shoff := body.Len()
-	for _, h := range hdrs {
-		if err := binary.Write(&body, binary.LittleEndian, h); err != nil {
-			t.Fatal(err)
-		}
-	}
-	out := body.Bytes()
-	hdr := elf.Header64{
-		Type: uint16(typ), Machine: uint16(elf.EM_X86_64), Version: uint32(elf.EV_CURRENT),
-		Shoff: uint64(shoff), Ehsize: 64, Shentsize: 64, Shnum: uint16(len(hdrs)), Shstrndx: uint16(len(hdrs) - 1),
-	}
-	copy(hdr.Ident[:], elf.ELFMAG)
-	hdr.Ident[elf.EI_CLASS], hdr.Ident[elf.EI_DATA], hdr.Ident[elf.EI_VERSION] = byte(elf.ELFCLASS64), byte(elf.ELFDATA2LSB), byte(elf.EV_CURRENT)
-	var h bytes.Buffer
-	if err := binary.Write(&h, binary.LittleEndian, hdr); err != nil {
-		t.Fatal(err)
-	}
-	copy(out, h.Bytes())
-	return out
+	return signtest.ELFObject(typ, name, pad, modinfo)
 }
 
 func nil2P256() elliptic.Curve { return elliptic.P256() }

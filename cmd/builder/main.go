@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/kmm-project/kmm/build"
+	"github.com/kmm-project/kmm/registry"
 )
 
 type options struct {
@@ -29,6 +30,9 @@ type options struct {
 	timeout                                                                  time.Duration
 	baseInsecure, baseSkipVerify, pushInsecure, pushSkipVerify               bool
 	unprivileged                                                             bool
+	// registry are the worker's registry settings (registry.Flags): the same flags the operator
+	// gives every worker and sign pod.
+	registry registry.Flags
 }
 
 type listFlag struct{ values *[]string }
@@ -61,6 +65,7 @@ func parseFlags(args []string, errOut io.Writer) (options, []string, error) {
 	fs.BoolVar(&o.pushInsecure, name(build.FlagPushInsecure), false, "Push over plain HTTP.")
 	fs.BoolVar(&o.pushSkipVerify, name(build.FlagPushSkipVerify), false, "Accept any certificate of the push registry.")
 	fs.BoolVar(&o.unprivileged, name(build.FlagUnprivileged), false, "The pod is not privileged: RUN steps get no cgroups of their own and no /sys (runc --rootless=true).")
+	o.registry.Bind(fs)
 	fs.StringVar(&o.terminationLog, "termination-log", "/dev/termination-log", "File the JSON result is written to.")
 	fs.StringVar(&o.buildkitd, "buildkitd", "/usr/local/bin/buildkitd", "buildkitd binary.")
 	fs.StringVar(&o.buildctl, "buildctl", "/usr/local/bin/buildctl", "buildctl binary.")
@@ -74,6 +79,8 @@ func parseFlags(args []string, errOut io.Writer) (options, []string, error) {
 		return o, nil, errors.New(build.FlagImage + " is required")
 	case o.timeout <= 0:
 		return o, nil, fmt.Errorf("%s must be positive, got %s", build.FlagTimeout, o.timeout)
+	case o.registry.Check() != nil:
+		return o, nil, o.registry.Check()
 	}
 	for _, a := range buildArgs {
 		if k, _, ok := strings.Cut(a, "="); !ok || k == "" {

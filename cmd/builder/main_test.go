@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -76,7 +77,8 @@ func fakeBuildkitd() {
 // fakeBuildctl records its arguments and DOCKER_CONFIG, then succeeds (metadata with a digest) or
 // fails with a log.
 func fakeBuildctl() {
-	rec, _ := json.Marshal(map[string]any{"args": os.Args[1:], "dockerConfig": os.Getenv("DOCKER_CONFIG")})
+	cfg, _ := os.ReadFile(filepath.Join(os.Getenv("DOCKER_CONFIG"), "config.json"))
+	rec, _ := json.Marshal(map[string]any{"args": os.Args[1:], "dockerConfig": os.Getenv("DOCKER_CONFIG"), "configJSON": string(cfg)})
 	_ = os.WriteFile(os.Getenv("FAKE_RECORD")+".json", rec, 0o600)
 	if os.Getenv("FAKE_BUILD_FAILS") != "" {
 		_, _ = os.Stderr.WriteString(strings.Repeat("#3 [builder 2/4] RUN make\n", 5000) + "#3 ERROR: process \"make\" did not complete successfully: exit code: 2\n")
@@ -116,6 +118,10 @@ func setUp(t *testing.T, r build.Request, dockerfile string) fakeRun {
 		t.Fatal(err)
 	}
 	o.dockerfileDir, o.stateDir, o.buildkitd, o.buildctl = ctxDir, filepath.Join(dir, "state"), self, self
+	if o.dockerConfig != "" {
+		o.dockerConfig = filepath.Join(dir, "pull-secret")
+		writeFile(t, filepath.Join(o.dockerConfig, "config.json"), `{"auths":{"push.example.com:5000":{"username":"pusher","password":"p"}}}`)
+	}
 	if o.secretsDir != "" {
 		o.secretsDir = filepath.Join(dir, "secrets")
 		for _, f := range []string{"git/token", "git/..data/token", "netrc/.netrc"} {
@@ -172,9 +178,9 @@ func TestRunBuildsPushesAndReportsTheDigest(t *testing.T) {
 	if !res.Succeeded() || res.Digest != "sha256:0123" || res.Image != r.Image {
 		t.Fatalf("result %+v", res)
 	}
-	args, dockerConfig := buildctlRecord(t, f.record)
-	if dockerConfig != build.PushSecretDir {
-		t.Errorf("DOCKER_CONFIG %q, want %q", dockerConfig, build.PushSecretDir)
+	args, _ := buildctlRecord(t, f.record)
+	if auths := recordedAuths(t, f.record); auths["push.example.com:5000"] != "pusher" {
+		t.Errorf("buildctl's credentials %v, want the pull secret's for push.example.com:5000", auths)
 	}
 	joined := strings.Join(args, " ")
 	for _, want := range []string{
@@ -286,13 +292,78 @@ func TestFromImages(t *testing.T) {
 	}
 }
 
-func TestRegistryHostsOnlyWhereASettingIsOn(t *testing.T) {
-	hosts, err := registryHosts("FROM reg.io/a\nFROM debian:12\n", nil, "reg.io/out:1", tlsSetting{}, tlsSetting{http: true})
+func writeFile(t *testing.T, p, data string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(p), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// recordedAuths are the user names of the config.json buildctl was given, by key.
+func recordedAuths(t *testing.T, record string) map[string]string {
+	t.Helper()
+	raw, err := os.ReadFile(record + ".json")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(hosts) != 1 || hosts["reg.io"] != (tlsSetting{http: true}) {
-		t.Errorf("hosts %v, want reg.io over HTTP only", hosts)
+	var rec struct {
+		ConfigJSON string `json:"configJSON"`
+	}
+	if err := json.Unmarshal(raw, &rec); err != nil {
+		t.Fatal(err)
+	}
+	data := []byte(rec.ConfigJSON)
+	var cfg struct {
+		Auths map[string]struct {
+			Username string `json:"username"`
+		} `json:"auths"`
+	}
+	if err := json.Unmarshal(data, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for k, v := range cfg.Auths {
+		out[k] = v.Username
+	}
+	return out
+}
+
+// TestBuildHonoursTheWorkersRegistrySettings: the build pod takes the worker's registry flags
+// (the operator's registries.conf with a mirror of Docker Hub, a CA bundle, a certs.d directory,
+// the service account's pull secrets) and buildkitd gets them: the mirror as Docker Hub's mirror,
+// the CA files for the hosts they are for, and the mirror's credentials in buildctl's config.
+func TestBuildHonoursTheWorkersRegistrySettings(t *testing.T) {
+	dir := t.TempDir()
+	conf, bundle, certs, sa := filepath.Join(dir, "registries.conf"), filepath.Join(dir, "ca-bundle.crt"), filepath.Join(dir, "certs.d"), filepath.Join(dir, "sa")
+	writeFile(t, conf, "[[registry]]\nprefix = \"docker.io\"\nlocation = \"docker.io\"\n[[registry.mirror]]\nlocation = \"mirror.example:5000/hub\"\n")
+	writeFile(t, bundle, "bundle")
+	writeFile(t, filepath.Join(certs, "push.example.com:5000", "ca.crt"), "push ca")
+	writeFile(t, filepath.Join(sa, "00.dockerconfigjson"), `{"auths":{"mirror.example:5000":{"username":"mirror-user","password":"p"}}}`)
+	r := request()
+	r.BuildArgs = nil // FROM docker.io/library/debian:12
+	r.Registry = build.PodParts{Args: []string{"--operator-registries-conf", conf, "--ca-bundle", bundle, "--certs-dir", certs, "--pull-secret-dir", sa}}
+	f := setUp(t, r, dockerfile)
+	if res := runWithFakes(t, f); !res.Succeeded() {
+		t.Fatalf("result %+v", res)
+	}
+	cfg, err := os.ReadFile(f.record + ".toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"[registry.\"docker.io\"]\n  mirrors = [\"mirror.example:5000/hub\"]\n  http = false\n  insecure = false\n  ca = [" + strconv.Quote(bundle) + "]\n",
+		"[registry.\"mirror.example:5000\"]\n  http = false\n  insecure = false\n  ca = [" + strconv.Quote(bundle) + "]\n",
+		"[registry.\"push.example.com:5000\"]\n  http = false\n  insecure = false\n  ca = [" + strconv.Quote(bundle) + ", " + strconv.Quote(filepath.Join(certs, "push.example.com:5000", "ca.crt")) + "]\n",
+	} {
+		if !strings.Contains(string(cfg), want) {
+			t.Errorf("buildkitd.toml lacks\n%s\ngot:\n%s", want, cfg)
+		}
+	}
+	if auths := recordedAuths(t, f.record); auths["mirror.example:5000"] != "mirror-user" {
+		t.Errorf("buildctl's credentials %v, want the service account's for the mirror", auths)
 	}
 }
 

@@ -15,7 +15,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
+
 	"github.com/kmm-project/kmm/build"
+	"github.com/kmm-project/kmm/registry"
 )
 
 // maxLogBytes is the tail of the build log kept for the result.
@@ -37,17 +41,23 @@ func run(ctx context.Context, o options, args []string, logOut io.Writer) build.
 	if err != nil {
 		return fail(fmt.Errorf("reading the Dockerfile: %w", err))
 	}
-	hosts, err := registryHosts(dockerfile, args, o.image,
-		tlsSetting{http: o.baseInsecure, skipVerify: o.baseSkipVerify},
-		tlsSetting{http: o.pushInsecure, skipVerify: o.pushSkipVerify})
+	hosts, eps, notes, err := daemonRegistries(dockerfile, args, o.image,
+		registry.ModuleTLS{Insecure: o.baseInsecure, SkipVerify: o.baseSkipVerify},
+		registry.ModuleTLS{Insecure: o.pushInsecure, SkipVerify: o.pushSkipVerify}, o.registry)
 	if err != nil {
-		return fail(err)
+		return fail(fmt.Errorf("the registry settings: %w", err))
+	}
+	for _, n := range notes {
+		_, _ = fmt.Fprintln(out, n)
 	}
 	work, err := os.MkdirTemp("", "builder-")
 	if err != nil {
 		return fail(err)
 	}
 	defer func() { _ = os.RemoveAll(work) }()
+	if o.dockerConfig, err = writeDockerConfig(work, o, eps); err != nil {
+		return fail(fmt.Errorf("the registry credentials: %w", err))
+	}
 	stop, err := startDaemon(ctx, o, work, daemonConfig(hosts, o.unprivileged, filepath.Join(filepath.Dir(o.buildkitd), runcWrapper)), out)
 	if err != nil {
 		return fail(fmt.Errorf("starting buildkitd: %w", err))
@@ -205,6 +215,58 @@ func readDigest(file string) (string, error) {
 	}
 	return meta.Digest, nil
 }
+
+// writeDockerConfig writes the credentials buildctl gives buildkitd into <work>/docker/config.json
+// and returns that directory (DOCKER_CONFIG): for each endpoint host, the first the worker's keychain
+// gives (the Module's pull secret in --docker-config, the service account's pull secrets, the
+// credential providers; registry.Flags.Keychain). Anonymous hosts get no entry.
+func writeDockerConfig(work string, o options, eps []registry.Endpoint) (string, error) {
+	pullSecret := ""
+	if o.dockerConfig != "" {
+		pullSecret = filepath.Join(o.dockerConfig, "config.json")
+	}
+	kc, err := o.registry.Keychain(pullSecret)
+	if err != nil {
+		return "", err
+	}
+	auths := map[string]authn.AuthConfig{}
+	for _, ep := range eps {
+		repo, err := name.NewRepository(ep.Host + "/" + ep.Repository)
+		if err != nil {
+			return "", err
+		}
+		a, err := kc.Resolve(repo)
+		if err != nil {
+			return "", fmt.Errorf("credentials for %s: %w", ep, err)
+		}
+		if a == authn.Anonymous {
+			continue
+		}
+		cfg, err := a.Authorization()
+		if err != nil {
+			return "", fmt.Errorf("credentials for %s: %w", ep, err)
+		}
+		key := ep.Host
+		if key == name.DefaultRegistry || key == "docker.io" {
+			key = dockerHubConfigKey
+		}
+		if _, ok := auths[key]; !ok {
+			auths[key] = *cfg
+		}
+	}
+	data, err := json.Marshal(map[string]any{"auths": auths})
+	if err != nil {
+		return "", err
+	}
+	dir := filepath.Join(work, "docker")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	return dir, os.WriteFile(filepath.Join(dir, "config.json"), data, 0o600)
+}
+
+// dockerHubConfigKey is the key Docker's config gives Docker Hub (BuildKit's auth provider asks it).
+const dockerHubConfigKey = "https://index.docker.io/v1/"
 
 // tailBuffer keeps the last max bytes written to it.
 type tailBuffer struct {

@@ -79,30 +79,9 @@ type flags struct {
 	dryRun         bool
 	logLevel       string
 	logConsole     bool
-	registries     registry.Sources
-	trust          registry.Trust
-	pullSecretDir  string
-	providerConfig string
-	providerBinDir string
-}
-
-// listFlag is a flag that may be given several times (or once with commas).
-type listFlag struct{ list *[]string }
-
-func (l listFlag) String() string {
-	if l.list == nil {
-		return ""
-	}
-	return strings.Join(*l.list, ",")
-}
-
-func (l listFlag) Set(v string) error {
-	for _, e := range strings.Split(v, ",") {
-		if e != "" {
-			*l.list = append(*l.list, e)
-		}
-	}
-	return nil
+	// registry are the registry settings (mirrors, CAs, the service account's pull secrets,
+	// credential providers), the flags every pod that pulls or pushes takes.
+	registry registry.Flags
 }
 
 // parseFlags reads `load|unload [flags]` (the action may also follow the flags).
@@ -150,14 +129,7 @@ func parseFlags(args []string, errOut io.Writer) (flags, error) {
 
 // registryFlags are the registry configuration and credential flags, the same for every action.
 func registryFlags(fs *flag.FlagSet, f *flags) {
-	fs.StringVar(&f.registries.ContainerdConfigPath, "containerd-config-path", "", "containerd's config_path (<dir>/<registry>/hosts.toml): mirrors, CAs and TLS settings of the node's registries.")
-	fs.Var(listFlag{&f.registries.NodeRegistriesConf}, "registries-conf", "The node's registries.conf (v2: mirrors, blocked and insecure registries); repeatable. A missing file is skipped.")
-	fs.Var(listFlag{&f.registries.OperatorRegistriesConf}, "operator-registries-conf", "registries.conf from the operator, consulted before the node's files; repeatable. A missing file is skipped.")
-	fs.Var(listFlag{&f.trust.BundleFiles}, "ca-bundle", "PEM file of CA certificates trusted for every registry beside the system's; repeatable. A missing file is skipped.")
-	fs.Var(listFlag{&f.trust.CertsDirs}, "certs-dir", "certs.d directory (<dir>/<host[:port]>/*.crt trusted for that host); repeatable.")
-	fs.StringVar(&f.pullSecretDir, "pull-secret-dir", "", "Directory of further pull secrets in docker-config form (the service account's imagePullSecrets), one per subdirectory or file; consulted after --pull-secret.")
-	fs.StringVar(&f.providerConfig, "credential-provider-config", "", "The node's kubelet CredentialProviderConfig: its plugins (credentialprovider.kubelet.k8s.io/v1) give credentials for the images they match, after the pull secrets.")
-	fs.StringVar(&f.providerBinDir, "credential-provider-bin-dir", "", "Directory of the credential provider plugins (the kubelet's --image-credential-provider-bin-dir).")
+	f.registry.Bind(fs)
 }
 
 func (f flags) check() error {
@@ -168,8 +140,8 @@ func (f flags) check() error {
 		return errors.New("--config is required")
 	case f.timeout <= 0:
 		return fmt.Errorf("--timeout must be positive, got %s", f.timeout)
-	case (f.providerConfig == "") != (f.providerBinDir == ""):
-		return errors.New("--credential-provider-config and --credential-provider-bin-dir go together")
+	case f.registry.Check() != nil:
+		return f.registry.Check()
 	case f.dryRun && filepath.Clean(f.hostRoot) == "/":
 		return errors.New("--dry-run needs --host-root pointing at a sandbox directory, not /")
 	}
@@ -231,8 +203,8 @@ func execute(ctx context.Context, f flags, log logr.Logger) contract.Result {
 	w, err := worker.New(worker.Options{
 		CacheDir:        f.cacheDir,
 		Keychain:        kc,
-		Registries:      f.registries,
-		Trust:           f.trust,
+		Registries:      f.registry.Sources,
+		Trust:           f.registry.Trust,
 		MaxExtractBytes: f.maxBytes,
 		Limits:          worker.Limits{MaxImageBytes: f.maxImageBytes, MaxTarBytes: f.maxTarBytes},
 		Timeout:         f.timeout,
@@ -253,24 +225,5 @@ func execute(ctx context.Context, f flags, log logr.Logger) contract.Result {
 // keychain combines the credential sources in the order they are consulted: the Module's pull
 // secret, the service account's pull secrets, the node's credential provider plugins.
 func keychain(f flags) (authn.Keychain, error) {
-	secret, err := worker.ReadKeychain(f.pullSecret)
-	if err != nil {
-		return nil, err
-	}
-	chain := []authn.Keychain{secret}
-	if f.pullSecretDir != "" {
-		sa, err := worker.ReadKeychainDir(f.pullSecretDir)
-		if err != nil {
-			return nil, err
-		}
-		chain = append(chain, sa)
-	}
-	if f.providerConfig != "" {
-		p, err := registry.LoadCredentialProviders(f.providerConfig, f.providerBinDir)
-		if err != nil {
-			return nil, err
-		}
-		chain = append(chain, p)
-	}
-	return authn.NewMultiKeychain(chain...), nil
+	return f.registry.Keychain(f.pullSecret)
 }

@@ -62,8 +62,8 @@ func parseSignFlags(args []string, errOut io.Writer) (signFlags, error) {
 		return f, errors.New("--config is required")
 	case f.timeout <= 0:
 		return f, fmt.Errorf("--timeout must be positive, got %s", f.timeout)
-	case (f.providerConfig == "") != (f.providerBinDir == ""):
-		return f, errors.New("--credential-provider-config and --credential-provider-bin-dir go together")
+	case f.registry.Check() != nil:
+		return f, f.registry.Check()
 	}
 	return f, nil
 }
@@ -109,8 +109,8 @@ func executeSign(ctx context.Context, f signFlags, log logr.Logger) contract.Res
 		Target:      cfg.Image,
 		TargetTLS:   registry.ModuleTLS{Insecure: cfg.RegistryTLS.Insecure, SkipVerify: cfg.RegistryTLS.InsecureSkipTLSVerify},
 		FilesToSign: cfg.FilesToSign,
-		Registries:  f.registries,
-		Trust:       f.trust,
+		Registries:  f.registry.Sources,
+		Trust:       f.registry.Trust,
 		Keychain:    kc,
 		Limits:      sign.ImageLimits{MaxFiles: f.maxFiles, MaxImageBytes: f.maxImageBytes, MaxTarBytes: f.maxTarBytes},
 	})

@@ -25,6 +25,7 @@ import (
 	kmmv1beta2 "github.com/kmm-project/kmm/api/v1beta2"
 	"github.com/kmm-project/kmm/build"
 	"github.com/kmm-project/kmm/contract"
+	"github.com/kmm-project/kmm/controllers/shared"
 	"github.com/kmm-project/kmm/image"
 	"github.com/kmm-project/kmm/internal/kernel/mapping"
 	"github.com/kmm-project/kmm/internal/retry"
@@ -36,6 +37,7 @@ import (
 // +kubebuilder:rbac:groups=kmm.sigs.x-k8s.io,resources=moduleimagesconfigs/status,verbs=get;update
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;delete
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=get
+// +kubebuilder:rbac:groups="",resources=serviceaccounts,verbs=get
 // +kubebuilder:rbac:groups=kmm.sigs.x-k8s.io,resources=preflightvalidations,verbs=get;list;watch
 
 // Reconciler is the image controller: one reconcile per Module (the MIC has the Module's name).
@@ -51,6 +53,10 @@ type Reconciler struct {
 	Registry preflight.Registry
 	// WorkerImage runs `worker sign` in sign pods; BuilderImage runs the build pods.
 	WorkerImage, BuilderImage string
+	// RegistrySettings are the worker pods' registry settings (mirrors, CAs, credential
+	// providers): sign and build pods take the same, and the check reads what of them the operator
+	// can read itself (registrySettings).
+	RegistrySettings shared.RegistryOptions
 }
 
 func (r *Reconciler) now() time.Time {
@@ -402,11 +408,15 @@ func (r *Reconciler) warn(m *kmmv1beta1.Module, reason, note string) {
 // createPod creates the build or sign pod of a run; an existing one (same name) is left alone.
 func (r *Reconciler) createPod(ctx context.Context, m *kmmv1beta1.Module, mic *kmmv1beta1.ModuleImagesConfig, e *kmmv1beta1.ModuleImageSpec, in *image.PodIntent, log logr.Logger) error {
 	var pod *corev1.Pod
-	var err error
+	sa, err := shared.ServiceAccountPullSecrets(ctx, r.reader(), m.Namespace, serviceAccount(m))
+	if err != nil {
+		return err // retried with back-off; the pod would pull and push without them
+	}
+	reg := r.RegistrySettings.Pod(sa)
 	if in.Kind == image.BuildPod {
-		pod, err = build.Pod(buildRequest(m, mic, e, in.Run, r.BuilderImage))
+		pod, err = build.Pod(buildRequest(m, mic, e, in.Run, r.BuilderImage, reg))
 	} else {
-		pod, err = signPod(m, mic, e, in.Run, r.WorkerImage)
+		pod, err = signPod(m, mic, e, in.Run, r.WorkerImage, reg)
 	}
 	if err != nil {
 		return err

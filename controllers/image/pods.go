@@ -16,6 +16,7 @@ import (
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/build"
 	"github.com/kmm-project/kmm/contract"
+	"github.com/kmm-project/kmm/controllers/shared"
 	"github.com/kmm-project/kmm/image"
 	"github.com/kmm-project/kmm/internal/kernel/mapping"
 )
@@ -93,7 +94,7 @@ func signSource(m *kmmv1beta1.Module, e *kmmv1beta1.ModuleImageSpec) (string, er
 }
 
 // buildRequest is the build of entry e for run.
-func buildRequest(m *kmmv1beta1.Module, mic *kmmv1beta1.ModuleImagesConfig, e *kmmv1beta1.ModuleImageSpec, run int32, builderImage string) build.Request {
+func buildRequest(m *kmmv1beta1.Module, mic *kmmv1beta1.ModuleImagesConfig, e *kmmv1beta1.ModuleImageSpec, run int32, builderImage string, reg shared.RegistryPod) build.Request {
 	target := e.Image
 	if e.Sign != nil {
 		target = UnsignedImage(m, e.Image)
@@ -109,6 +110,7 @@ func buildRequest(m *kmmv1beta1.Module, mic *kmmv1beta1.ModuleImagesConfig, e *k
 		NodeSelector:         e.Build.Selector,
 		Labels:               podLabels(m, image.BuildPod, e.Image, run),
 		Owner:                owner(m),
+		Registry:             build.PodParts{Args: reg.Args, Mounts: reg.Mounts, Volumes: reg.Volumes},
 	}
 	if e.RegistryTLS != nil {
 		r.PushRegistryTLS = *e.RegistryTLS
@@ -117,8 +119,9 @@ func buildRequest(m *kmmv1beta1.Module, mic *kmmv1beta1.ModuleImagesConfig, e *k
 }
 
 // signPod is the sign pod of entry e for run: kmm's worker image running `worker sign`, the key and
-// certificate Secrets and the pull secret mounted, its config through the downward API.
-func signPod(m *kmmv1beta1.Module, mic *kmmv1beta1.ModuleImagesConfig, e *kmmv1beta1.ModuleImageSpec, run int32, workerImage string) (*corev1.Pod, error) {
+// certificate Secrets and the pull secret mounted, its config through the downward API, and the
+// registry settings of every worker pod (reg): `worker sign` reads the same flags as load.
+func signPod(m *kmmv1beta1.Module, mic *kmmv1beta1.ModuleImagesConfig, e *kmmv1beta1.ModuleImageSpec, run int32, workerImage string, reg shared.RegistryPod) (*corev1.Pod, error) {
 	src, err := signSource(m, e)
 	if err != nil {
 		return nil, err
@@ -164,6 +167,7 @@ func signPod(m *kmmv1beta1.Module, mic *kmmv1beta1.ModuleImagesConfig, e *kmmv1b
 		vols = append(vols, keyVolume("pull-secret", ps.Name, corev1.DockerConfigJsonKey))
 		mounts = append(mounts, corev1.VolumeMount{Name: "pull-secret", MountPath: pullSecretDir, ReadOnly: true})
 	}
+	args, vols, mounts = append(args, reg.Args...), append(vols, reg.Volumes...), append(mounts, reg.Mounts...)
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: PodName(m.Name, image.SignPod, e.Image, run), Namespace: m.Namespace,
 			Labels: podLabels(m, image.SignPod, e.Image, run), Annotations: map[string]string{contract.AnnotationConfig: string(data)},

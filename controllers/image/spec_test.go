@@ -2,6 +2,8 @@ package image
 
 import (
 	"encoding/json"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -11,6 +13,7 @@ import (
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/build"
 	"github.com/kmm-project/kmm/contract"
+	"github.com/kmm-project/kmm/controllers/shared"
 	"github.com/kmm-project/kmm/image"
 )
 
@@ -73,13 +76,16 @@ func TestDesiredSpec(t *testing.T) {
 }
 
 // TestPods: the build request (unsigned target when signed, kmm's build args) and the sign pod
-// (config, Secrets mounted where `worker sign` reads them, no API token, bounded).
+// (config, Secrets mounted where `worker sign` reads them, no API token, bounded), both with the
+// worker pods' registry settings (shared.RegistryOptions.Pod, the one definition).
 func TestPods(t *testing.T) {
 	m := recipeModule()
 	spec := desiredSpec(m, []corev1.Node{kernelNode("a", "6.1.0-1-amd64", true)}, nil)
 	mic := &kmmv1beta1.ModuleImagesConfig{Spec: spec}
 	e := &spec.Images[0]
-	req := buildRequest(m, mic, e, 3, "builder:1")
+	reg := shared.RegistryOptions{ContainerdConfigPath: "/etc/containerd/certs.d", CABundleConfigMap: "ca", RegistriesConfigMap: "conf",
+		CredentialProviderConfig: "/etc/kubernetes/cp.yaml", CredentialProviderBinDir: "/usr/libexec/cp"}.Pod([]string{"sa-pull"})
+	req := buildRequest(m, mic, e, 3, "builder:1", reg)
 	if req.Image != "reg/gpu:6.1.0-1-amd64-drivers_gpu_kmm_unsigned" || req.PodName != PodName("gpu", image.BuildPod, e.Image, 3) {
 		t.Fatalf("build request %+v", req)
 	}
@@ -90,9 +96,15 @@ func TestPods(t *testing.T) {
 	if args := strings.Join(pod.Spec.Containers[0].Args, " "); !strings.Contains(args, "KERNEL_FULL_VERSION=6.1.0-1-amd64") || !strings.Contains(args, "MOD_NAMESPACE=drivers") {
 		t.Fatalf("build args %s lack kmm's", args)
 	}
-	sp, err := signPod(m, mic, e, 4, "worker:1")
+	sp, err := signPod(m, mic, e, 4, "worker:1", reg)
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, p := range []*corev1.Pod{pod, sp} {
+		c := p.Spec.Containers[0]
+		if !strings.Contains(strings.Join(c.Args, " "), strings.Join(reg.Args, " ")) || !hasAll(c.VolumeMounts, reg.Mounts) || !hasAll(p.Spec.Volumes, reg.Volumes) {
+			t.Errorf("pod %s lacks the registry settings %+v: args %q", p.Name, reg, c.Args)
+		}
 	}
 	cfg := sp.Annotations[contract.AnnotationConfig]
 	for _, want := range []string{`"unsignedImage":"reg/gpu:6.1.0-1-amd64-drivers_gpu_kmm_unsigned"`, `"image":"reg/gpu:6.1.0-1-amd64"`, `/opt/lib/modules/6.1.0-1-amd64/gpu.ko`} {
@@ -115,7 +127,7 @@ func TestSignPodReadsTheBuildAsItWasPushed(t *testing.T) {
 	signConfig := func(m *kmmv1beta1.Module) contract.SignConfig {
 		t.Helper()
 		spec := desiredSpec(m, []corev1.Node{kernelNode("a", "6.1.0-1-amd64", true)}, nil)
-		sp, err := signPod(m, &kmmv1beta1.ModuleImagesConfig{Spec: spec}, &spec.Images[0], 1, "worker:1")
+		sp, err := signPod(m, &kmmv1beta1.ModuleImagesConfig{Spec: spec}, &spec.Images[0], 1, "worker:1", shared.RegistryPod{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -135,6 +147,16 @@ func TestSignPodReadsTheBuildAsItWasPushed(t *testing.T) {
 	if cfg := signConfig(m); cfg.UnsignedImageRegistryTLS.Insecure {
 		t.Errorf("sign only: the unsigned image is read with %+v, want the sign's own (secure) options", cfg.UnsignedImageRegistryTLS)
 	}
+}
+
+// hasAll says whether every element of want is in have.
+func hasAll[T any](have, want []T) bool {
+	for _, w := range want {
+		if !slices.ContainsFunc(have, func(h T) bool { return reflect.DeepEqual(h, w) }) {
+			return false
+		}
+	}
+	return true
 }
 
 // TestFailureMessage: a failed sign pod's message is the worker's reason and message; a build's is

@@ -12,6 +12,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/kmm-project/kmm/controllers/shared"
 )
 
 // saReader serves one service account, counts its reads and fails them while err is set. It stands
@@ -82,11 +84,11 @@ func TestSAPullSecretsCacheTTL(t *testing.T) {
 // the service account named, not taken for "no secrets" (issue 34).
 func TestServiceAccountReadFailures(t *testing.T) {
 	gr := schema.GroupResource{Resource: "serviceaccounts"}
-	if got, err := serviceAccountPullSecrets(context.Background(), &saReader{err: apierrors.NewNotFound(gr, "loader")}, "ns", "loader"); err != nil || got != nil {
+	if got, err := shared.ServiceAccountPullSecrets(context.Background(), &saReader{err: apierrors.NewNotFound(gr, "loader")}, "ns", "loader"); err != nil || got != nil {
 		t.Errorf("not found: %v, %v; want no secrets and no error", got, err)
 	}
 	for _, readErr := range []error{apierrors.NewForbidden(gr, "loader", errors.New("RBAC: access denied")), apierrors.NewInternalError(errors.New("etcd"))} {
-		_, err := serviceAccountPullSecrets(context.Background(), &saReader{err: readErr}, "ns", "loader")
+		_, err := shared.ServiceAccountPullSecrets(context.Background(), &saReader{err: readErr}, "ns", "loader")
 		if err == nil || !errors.Is(err, readErr) || !strings.Contains(err.Error(), "ns/loader") {
 			t.Errorf("%v: got %v, want it returned naming ns/loader", readErr, err)
 		}

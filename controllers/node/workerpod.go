@@ -96,10 +96,8 @@ func WorkerPod(node string, o WorkerPodOptions, in *fsm.WorkerIntent) (*corev1.P
 	if e.ImageRepoSecret != nil {
 		args = append(args, "--pull-secret", path.Join(pullSecretDir, corev1.DockerConfigJsonKey))
 	}
-	args = append(args, o.Registry.args()...)
-	if len(o.ServiceAccountPullSecrets) > 0 {
-		args = append(args, "--pull-secret-dir", saPullSecretDir)
-	}
+	reg := o.Registry.Pod(o.ServiceAccountPullSecrets)
+	args = append(args, reg.Args...)
 	if o.DryRunSandbox != "" {
 		args = append(args, "--dry-run", "--host-root", SandboxMountPath)
 	}
@@ -128,9 +126,9 @@ func WorkerPod(node string, o WorkerPodOptions, in *fsm.WorkerIntent) (*corev1.P
 				TerminationMessagePolicy: corev1.TerminationMessageReadFile,
 				SecurityContext:          workerSecurityContext(firmware),
 				Resources:                workerResources,
-				VolumeMounts:             append(workerMounts(e, firmware, o.DryRunSandbox != "", o.firmwareHostPath(), cfg.SetFirmwareClassPath), o.Registry.mounts(o.ServiceAccountPullSecrets)...),
+				VolumeMounts:             append(workerMounts(e, firmware, o.DryRunSandbox != "", o.firmwareHostPath(), cfg.SetFirmwareClassPath), reg.Mounts...),
 			}},
-			Volumes: append(workerVolumes(e, firmware, o.DryRunSandbox, o.firmwareHostPath(), cfg.SetFirmwareClassPath), o.Registry.volumes(o.ServiceAccountPullSecrets)...),
+			Volumes: append(workerVolumes(e, firmware, o.DryRunSandbox, o.firmwareHostPath(), cfg.SetFirmwareClassPath), reg.Volumes...),
 		},
 	}
 	addHook(pod, node, in, o.DryRunSandbox)

@@ -6,6 +6,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/kmm-project/kmm/controllers/shared"
 )
 
 // TestWorkerPodRegistryConfiguration: the node's registry files are mounted read-only at their
@@ -40,7 +42,7 @@ func TestWorkerPodRegistryConfiguration(t *testing.T) {
 	got := map[string]string{}
 	for _, m := range c.VolumeMounts {
 		v, ok := volumes[m.Name]
-		if !ok || !strings.HasPrefix(m.Name, registryVolumePrefix) {
+		if !ok || !strings.HasPrefix(m.Name, shared.RegistryVolumePrefix) {
 			continue
 		}
 		if !m.ReadOnly {
@@ -73,7 +75,7 @@ func TestWorkerPodRegistryConfiguration(t *testing.T) {
 	// Nothing configured: nothing mounted, no flag.
 	plain, _ := WorkerPod("n", WorkerPodOptions{Image: "img"}, intent("", false))
 	for _, v := range plain.Spec.Volumes {
-		if strings.HasPrefix(v.Name, registryVolumePrefix) {
+		if strings.HasPrefix(v.Name, shared.RegistryVolumePrefix) {
 			t.Errorf("unconfigured: volume %s", v.Name)
 		}
 	}

@@ -6,6 +6,7 @@ package ocireg
 import (
 	"encoding/base64"
 	"encoding/json"
+	"encoding/pem"
 	"io"
 	"log"
 	"net/http"
@@ -37,14 +38,21 @@ type Registry struct {
 type Options struct {
 	// User and Password, when set, are the only credentials the registry accepts (basic auth).
 	User, Password string
-	// TLS serves HTTPS with httptest's self-signed certificate.
+	// TLS serves HTTPS with httptest's self-signed certificate (CAPEM is it: a private CA).
 	TLS bool
+	// RefusePushTo are repositories (host excluded) whose uploads (POST, PUT, PATCH) are answered
+	// 403 DENIED, as a registry answers credentials that may pull them but not push; pulls and
+	// the other repositories are served.
+	RefusePushTo []string
 }
 
 // Start starts a registry; the test's cleanup stops it.
 func Start(t testing.TB, o Options) *Registry {
 	t.Helper()
 	h := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
+	if len(o.RefusePushTo) > 0 {
+		h = refusePush(h, o.RefusePushTo)
+	}
 	if o.User != "" {
 		h = basicAuth(h, o.User, o.Password)
 	}
@@ -70,6 +78,42 @@ func basicAuth(next http.Handler, user, pass string) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// refusePush answers uploads to repos 403 with the distribution spec's DENIED error.
+func refusePush(next http.Handler, repos []string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		refused := false
+		for _, repo := range repos {
+			refused = refused || strings.HasPrefix(r.URL.Path, "/v2/"+repo+"/")
+		}
+		switch r.Method {
+		case http.MethodPost, http.MethodPut, http.MethodPatch:
+			if !refused {
+				break
+			}
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusForbidden)
+			_, _ = io.WriteString(w, `{"errors":[{"code":"DENIED","message":"requested access to the resource is denied"}]}`)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// CAPEM is the PEM certificate a TLS registry serves, self-signed: the CA to trust for it.
+func (r *Registry) CAPEM() []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: r.Server.Certificate().Raw})
+}
+
+// WriteImage writes img as repo:tag and returns its full reference.
+func (r *Registry) WriteImage(t testing.TB, repoTag string, img v1.Image) string {
+	t.Helper()
+	ref := r.Host + "/" + repoTag
+	if err := remote.Write(r.ref(t, ref), img, r.opts()...); err != nil {
+		t.Fatalf("writing %s: %v", ref, err)
+	}
+	return ref
 }
 
 // Push writes a small random image as repo:tag and returns its full reference.

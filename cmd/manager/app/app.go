@@ -673,7 +673,7 @@ func setupControllers(mgr ctrl.Manager, o Options) error {
 		return fmt.Errorf("setting up the NMC controller: %w", err)
 	}
 	images := &imagecontroller.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder("kmm-image"),
-		Registry: preflight.Registry{Timeout: o.ImageCheckTimeout}, WorkerImage: o.WorkerImage, BuilderImage: o.BuilderImage}
+		Registry: preflight.Registry{Timeout: o.ImageCheckTimeout}, WorkerImage: o.WorkerImage, BuilderImage: o.BuilderImage, RegistrySettings: o.WorkerRegistry}
 	if err := images.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the image controller: %w", err)
 	}
