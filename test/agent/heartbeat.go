@@ -83,6 +83,12 @@ func (t *turns) due(nodes []string, now time.Time) []string {
 		t.start = now
 	}
 	want := int(float64(len(nodes)) * float64(now.Sub(t.start)) / float64(t.period))
+	// No catching up: turns missed while the writers were behind (or while the nodes were being
+	// added) are dropped, as a kubelet's late renewal replaces the one it missed. Without this,
+	// a 1,000-node run renewed 248 Leases a second for a minute after its setup instead of 100.
+	if lag := 2 * (len(nodes)*int(heartbeatTick)/int(t.period) + 1); want-t.done > lag {
+		t.done = want - lag
+	}
 	var out []string
 	for ; t.done < want; t.done++ {
 		out = append(out, nodes[t.done%len(nodes)])
