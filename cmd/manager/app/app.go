@@ -110,11 +110,10 @@ type Options struct {
 	SetFirmwareClassPath bool
 	// WorkerRegistry is the registry configuration worker pods pull with (docs/registries.md).
 	WorkerRegistry node.WorkerRegistryOptions
-	// NMCConcurrency is how many nodes the NMC controller reconciles at once. 32: at 1,000 x 1
-	// the queue's 16 workers were busy 87 % of the load with items waiting 4.4 s on average, while
-	// kube-apiserver had CPU to spare; 32 halved the wait (18.9 s against 25.7 s), 64 added
-	// reconciles on a cache behind their own writes (0.33 more status writes per pair, conflicts)
-	// and was slower (issue 41, docs/performance.md).
+	// NMCConcurrency is how many nodes the NMC controller reconciles at once. 16: at 1,000 x 1, 32
+	// cut the queue's mean wait from 4.2-4.4 s to 2.5-3.1 s and reached 0.75-0.86x the floor
+	// against 1.01-1.05x, but at 1,000 x 3 it made 5.03 writes per pair (1.25 status writes and
+	// 0.74 label patches), over SPEC §10's 5; 64 was slower still (issue 41, docs/performance.md).
 	NMCConcurrency int
 	// SecretsClusterWide says how the operator may read the Modules' pull secrets: through a
 	// ClusterRoleBinding to kmm-secret-reader (config/default), or, when false, through a RoleBinding
@@ -163,7 +162,7 @@ func DefaultOptions() Options {
 		BuilderImage:   "kmm-builder:dev",
 		// the image controller: a HEAD per image, cut after 20 s like preflight's.
 		ImageCheckTimeout: preflight.DefaultCheckTimeout,
-		NMCConcurrency:    32,
+		NMCConcurrency:    16,
 		// preflight: a HEAD per Module, a few at a time, each cut after 20 s.
 		PreflightConcurrency:  preflight.DefaultConcurrency,
 		PreflightCheckTimeout: preflight.DefaultCheckTimeout,
