@@ -182,7 +182,8 @@ func internalIP(n int) string { return fmt.Sprintf("10.0.%d.%d", n/250, n%250+1)
 // the pods replaced.
 func (h *harness) churn(ctx context.Context, replaced *atomic.Int64) {
 	b := *h.o.Busy
-	rnd := rand.New(rand.NewPCG(1, 2))
+	rnd := rand.New(rand.NewPCG(1, 2)) //nolint:gosec // G404: a reproducible choice of pods to replace, not a secret
+
 	gens := make([]int, len(h.nodes)*b.PodsPerNode)
 	start := time.Now()
 	for done := 0; ; {

@@ -157,13 +157,8 @@ func isIgnored(resource string) bool {
 	return false
 }
 
-// settle waits until no worker pod is left and neither the operator's writes nor its reconciles
-// moved for a second; it returns the snapshot taken when they stopped.
-func (h *harness) settle(ctx context.Context, op *operator) (snapshot, error) {
-	return h.settleOn(ctx, op, quiet)
-}
-
-// settleOn is settle with the test of quiet given.
+// settleOn waits until no worker pod is left and the operator was quiet for a second (quiet: no
+// write and no reconcile; noWrites: no write); it returns the snapshot taken when it went quiet.
 func (h *harness) settleOn(ctx context.Context, op *operator, quiet func(a, b snapshot) bool) (snapshot, error) {
 	prev, err := h.snapshot(ctx, op)
 	if err != nil {

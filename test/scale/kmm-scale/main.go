@@ -60,12 +60,8 @@ func run() error {
 	o.Phases = strings.Split(*phases, ",")
 	phasesSet := false
 	flag.Visit(func(f *flag.Flag) { phasesSet = phasesSet || f.Name == "phases" })
-	for _, c := range strings.Split(*floor, ",") {
-		n, err := strconv.Atoi(c)
-		if err != nil || n < 1 {
-			return fmt.Errorf("--floor-concurrency: %q is not a positive number", c)
-		}
-		o.FloorConcurrency = append(o.FloorConcurrency, n)
+	if o.FloorConcurrency, err = parseFloor(*floor); err != nil {
+		return err
 	}
 	if o.OutDir, err = filepath.Abs(*out); err != nil {
 		return err
@@ -82,6 +78,24 @@ func run() error {
 		_, err := runOne(ctx, o, "")
 		return err
 	}
+	return runBusy(ctx, o, b, phasesSet)
+}
+
+// parseFloor reads --floor-concurrency.
+func parseFloor(list string) ([]int, error) {
+	var out []int
+	for _, c := range strings.Split(list, ",") {
+		n, err := strconv.Atoi(c)
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("--floor-concurrency: %q is not a positive number", c)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// runBusy runs the phases in an empty cluster, then in a busy one, and compares their loads.
+func runBusy(ctx context.Context, o scale.Options, b scale.Busy, phasesSet bool) error {
 	if !phasesSet {
 		o.Phases = []string{"load", "idle", "newmodule"}
 	}
