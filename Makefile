@@ -172,6 +172,18 @@ bench-scale: tools ## Scale harness (test/scale): NODES simulated nodes x MODULE
 	go build -o $(BIN)/kmm-scale ./test/scale/kmm-scale
 	$(BIN)/kmm-scale --nodes $(NODES) --modules $(MODULES) --manager $(BIN)/manager --out $(BIN)/scale $(SCALE_FLAGS)
 
+# `make bench-busy` (issue 41, item 3): BUSY_NODES nodes x 1 Module, first in an empty cluster, then
+# in a busy one (real-looking nodes renewing Leases and posting status, 30 unrelated pods a node with
+# churn); extra harness flags in BUSY_FLAGS (e.g. --busy-idle 120s --status-period 10s).
+BUSY_NODES ?= 1000
+BUSY_FLAGS ?=
+
+.PHONY: bench-busy
+bench-busy: tools ## Busy-cluster harness (test/scale --busy): idle operator cost and a new Module's load, busy against empty; writes bin/scale/busy/.
+	CGO_ENABLED=0 go build -o $(BIN)/manager ./cmd/manager
+	go build -o $(BIN)/kmm-scale ./test/scale/kmm-scale
+	$(BIN)/kmm-scale --nodes $(BUSY_NODES) --modules 1 --busy --manager $(BIN)/manager --out $(BIN)/scale/busy $(BUSY_FLAGS)
+
 # `make chaos` (test/chaos): how long faults are injected, the seed, and extra test flags
 # (e.g. CHAOS_FLAGS="-chaos.nodes=6 -chaos.modules=2 -chaos.out=/tmp/chaos").
 CHAOS_DURATION ?= 7m

@@ -7,5 +7,6 @@
 // node labels, drains (drain.go), worker pods (workerpod.go; workerregistry.go: what they pull
 // with), Events and metrics (events.go). upstream.go reads what upstream KMM left on the node, only
 // when the NMC holds an upstream record or a pair is about to unload; expectations.go remembers the
-// pod writes the cache does not show yet.
+// pod writes the cache does not show yet; nodeevents.go lets through only the Node events that
+// change what the controller reads (a kubelet's status posts do not).
 package node

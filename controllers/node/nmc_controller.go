@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -89,7 +90,7 @@ func (r *NMCReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("nmc").
 		For(&kmmv1beta1.NodeModulesConfig{}).
-		Watches(&corev1.Node{}, byNodeName).
+		Watches(&corev1.Node{}, byNodeName, builder.WithPredicates(nodeEvents())).
 		Watches(&corev1.Pod{}, byPodNode).
 		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.MaxConcurrentReconciles, 1), RateLimiter: retry.Limiter()}).
 		Complete(r)

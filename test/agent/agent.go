@@ -10,6 +10,7 @@ import (
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -33,6 +34,10 @@ type Options struct {
 	// RunDelay is how long a worker pod runs before it completes; the pod is Running meanwhile.
 	// Zero completes a pod as soon as the agent sees it (Pending straight to Succeeded or Failed).
 	RunDelay time.Duration
+	// RunDelayFor, when set, is how long each worker pod runs instead of RunDelay (a pull time
+	// drawn per pod, issue 41). Like Outcome, it is called with the agent's lock held: it must be
+	// fast, must not call the Agent, and should give a pod the same time on every call.
+	RunDelayFor func(pod *corev1.Pod) time.Duration
 	// Outcome decides how a run ends; nil means DefaultOutcome. SetOutcome replaces it.
 	Outcome OutcomeFunc
 	// Hold keeps a worker pod Running, not completed, while it returns true; nil holds nothing.
@@ -56,6 +61,18 @@ type Options struct {
 	// the lock: a reboot may then race with a run that already decided (the run's write loses if the
 	// reboot failed the pod first). Outcome and Hold are still called with the lock held.
 	Workers int
+	// RealNodes has the Nodes' status look like a real kubelet's (issue 41, item 3): addresses,
+	// capacity, every condition, the system info and a list of 50 images.
+	RealNodes bool
+	// LeasePeriod, when positive, renews each node's Lease (namespace kube-node-lease) that often,
+	// as a kubelet does every 10 s; StatusPeriod posts each node's status again that often (new
+	// heartbeat times; a kubelet does when something changed, and at least every 5 min). Both are
+	// spread evenly over the period.
+	LeasePeriod, StatusPeriod time.Duration
+	// PodSelector, when set, restricts the pods the agent watches (and so runs, confirms and
+	// deletes) to those it selects: a scale test's unrelated pods are then neither cached nor
+	// looked at.
+	PodSelector labels.Selector
 }
 
 // Run records one worker pod the agent ended, successfully or not.
@@ -191,6 +208,11 @@ func (a *Agent) Start(ctx context.Context) error {
 		}
 		return err
 	}
+	if a.opts.LeasePeriod > 0 || a.opts.StatusPeriod > 0 {
+		done := make(chan struct{})
+		go func() { defer close(done); a.heartbeats(ctx) }()
+		defer func() { cancel(); <-done }()
+	}
 	ticker := a.clock.NewTicker(a.opts.Interval)
 	defer ticker.Stop()
 	tick := true
@@ -217,7 +239,7 @@ func (a *Agent) startCache(ctx context.Context) (cache.Cache, error) {
 		Scheme: a.scheme,
 		ByObject: map[client.Object]cache.ByObject{
 			// Every pod bound to a node: worker pods, device plugin pods and workloads.
-			&corev1.Pod{}: {Field: fields.OneTermNotEqualSelector("spec.nodeName", "")},
+			&corev1.Pod{}: {Field: fields.OneTermNotEqualSelector("spec.nodeName", ""), Label: a.opts.PodSelector},
 		},
 	})
 	if err != nil {

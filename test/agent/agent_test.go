@@ -500,3 +500,34 @@ func startOwnAgent(t *testing.T, opts agent.Options) (*agent.Agent, string, stri
 	}
 	return own, ns, node
 }
+
+// TestRunDelayForDelaysEachPodOnItsOwn: a pod given a long run time does not hold back one given
+// none on the same node (issue 41, pull times): the short one ends while the long one still runs,
+// and the long one ends no sooner than its time.
+func TestRunDelayForDelaysEachPodOnItsOwn(t *testing.T) {
+	const slow = 1500 * time.Millisecond
+	delay := func(p *corev1.Pod) time.Duration {
+		if strings.Contains(p.Name, "slow") {
+			return slow
+		}
+		return 0
+	}
+	_, ns, node := startOwnAgent(t, agent.Options{RunDelayFor: delay, Workers: 4})
+	long := workerPod(t, node, contract.ActionLoad, config(ns, "slow", kernel, "registry.example/kmod-slow:v1"))
+	long.Name = "slow-" + long.Name
+	short := workerPod(t, node, contract.ActionLoad, config(ns, "fast", kernel, "registry.example/kmod-fast:v1"))
+	start := time.Now()
+	create(t, long)
+	create(t, short)
+	ended(t, short)
+	if err := k8s.Get(context.Background(), client.ObjectKeyFromObject(long), long); err != nil {
+		t.Fatal(err)
+	}
+	if long.Status.Phase != corev1.PodRunning {
+		t.Errorf("when the fast pod ended the slow one was %q, want Running", long.Status.Phase)
+	}
+	ended(t, long)
+	if d := time.Since(start); d < slow {
+		t.Errorf("the slow pod ended after %v, before its run time %v", d, slow)
+	}
+}

@@ -13,6 +13,12 @@
 // nodes. Pods on nodes the agent does not manage are left alone, so several agents can share one
 // API server.
 //
+// For scale tests (test/scale, issue 41) a worker pod may run for a time of its own
+// (Options.RunDelayFor: a pull time), Nodes may look like a real kubelet's (Options.RealNodes:
+// images, every condition, system info), the agent may renew each node's Lease and post its
+// status again as a kubelet does (Options.LeasePeriod, Options.StatusPeriod; heartbeat.go), and
+// it may watch only the pods a selector picks (Options.PodSelector).
+//
 // Everything the agent writes goes to the API server; tests assert on the API objects, and on
 // Loaded and Runs for what the simulated kernel and worker did.
 package agent

@@ -276,7 +276,7 @@ func (a *Agent) writeNodeStatus(ctx context.Context, st *nodeState) error {
 		if err := a.client.Get(ctx, types.NamespacedName{Name: st.name}, &node); err != nil {
 			return err
 		}
-		applyNodeStatus(&node.Status, st, a.now())
+		a.applyNodeStatus(&node.Status, st, a.now())
 		return a.client.Status().Update(ctx, &node)
 	})
 	if err != nil {
@@ -284,6 +284,15 @@ func (a *Agent) writeNodeStatus(ctx context.Context, st *nodeState) error {
 		return fmt.Errorf("updating the status of node %s: %w", st.name, err)
 	}
 	return nil
+}
+
+// applyNodeStatus writes st into s, with now as the heartbeat time, and with Options.RealNodes what
+// else a real kubelet reports.
+func (a *Agent) applyNodeStatus(s *corev1.NodeStatus, st *nodeState, now metav1.Time) {
+	applyNodeStatus(s, st, now)
+	if a.opts.RealNodes {
+		realNodeStatus(s, st.name, now)
+	}
 }
 
 // applyNodeStatus writes st into s, with now as the heartbeat time.

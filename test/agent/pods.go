@@ -63,7 +63,11 @@ func (a *Agent) nextStep(pod *corev1.Pod) (*nodeState, podStep) {
 		first = now
 		a.seen[pod.UID] = now
 	}
-	if (a.hold != nil && a.hold(pod)) || now.Sub(first) < a.opts.RunDelay {
+	delay := a.opts.RunDelay
+	if a.opts.RunDelayFor != nil {
+		delay = a.opts.RunDelayFor(pod)
+	}
+	if (a.hold != nil && a.hold(pod)) || now.Sub(first) < delay {
 		return st, stepRunning
 	}
 	return st, stepRun

@@ -95,15 +95,61 @@ func (op *operator) stats() (float64, float64, error) {
 
 // reconciles sums controller_runtime_reconcile_total by controller.
 func (op *operator) reconciles(ctx context.Context) (map[string]int, error) {
-	samples, err := scrape(ctx, http.DefaultClient, op.metrics, "controller_runtime_reconcile_total")
+	out, _, err := op.counters(ctx)
+	return out, err
+}
+
+// counters are the reconciles by controller and the work queues' time sums by queue.
+func (op *operator) counters(ctx context.Context) (map[string]int, map[string]queueSums, error) {
+	samples, err := scrape(ctx, http.DefaultClient, op.metrics, "controller_runtime_reconcile_total",
+		"workqueue_queue_duration_seconds_sum", "workqueue_queue_duration_seconds_count", "workqueue_work_duration_seconds_sum")
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	out := map[string]int{}
+	out, queues := map[string]int{}, map[string]queueSums{}
 	for _, s := range samples {
-		out[s.labels["controller"]] += int(s.value)
+		q := queues[s.labels["name"]]
+		switch s.name {
+		case "controller_runtime_reconcile_total":
+			out[s.labels["controller"]] += int(s.value)
+			continue
+		case "workqueue_queue_duration_seconds_sum":
+			q.waited += s.value
+		case "workqueue_queue_duration_seconds_count":
+			q.items += s.value
+		case "workqueue_work_duration_seconds_sum":
+			q.worked += s.value
+		}
+		queues[s.labels["name"]] = q
 	}
-	return out, nil
+	return out, queues, nil
+}
+
+// queueSums are a work queue's counters: seconds its items waited, items taken, seconds of work.
+type queueSums struct{ waited, items, worked float64 }
+
+// Queue is what a controller's work queue did during a phase (issue 41: which wait makes the
+// difference): items taken, their mean wait in the queue and mean time being worked on.
+type Queue struct {
+	Items        int     `json:"items"`
+	MeanWaitMs   float64 `json:"meanWaitMs"`
+	MeanWorkMs   float64 `json:"meanWorkMs"`
+	BusyWorkersS float64 `json:"busyWorkerSeconds"`
+}
+
+// queuesBetween are the queues' figures between two scrapes.
+func queuesBetween(a, b map[string]queueSums) map[string]Queue {
+	out := map[string]Queue{}
+	for name, q := range b {
+		p := a[name]
+		items := q.items - p.items
+		if items <= 0 {
+			continue
+		}
+		out[name] = Queue{Items: int(items), MeanWaitMs: (q.waited - p.waited) / items * 1000,
+			MeanWorkMs: (q.worked - p.worked) / items * 1000, BusyWorkersS: q.worked - p.worked}
+	}
+	return out
 }
 
 // profile saves a CPU profile of the operator over seconds to path.

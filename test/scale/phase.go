@@ -18,6 +18,7 @@ type snapshot struct {
 	apiserver  Requests
 	harness    Requests
 	reconciles map[string]int
+	queues     map[string]queueSums
 	bodyBytes  map[string]bodySize // request body sizes by "verb resource" (all clients)
 	cpu        float64
 	others     map[string]float64 // CPU seconds of the other processes (processCPU)
@@ -36,7 +37,7 @@ func (h *harness) snapshot(ctx context.Context, op *operator) (snapshot, error) 
 	s.harness = maps.Clone(h.count.reqs)
 	h.count.mu.Unlock()
 	if op != nil {
-		if s.reconciles, err = op.reconciles(ctx); err != nil {
+		if s.reconciles, s.queues, err = op.counters(ctx); err != nil {
 			return s, fmt.Errorf("scraping the operator: %w", err)
 		}
 		if _, s.cpu, err = op.stats(); err != nil {
@@ -62,7 +63,13 @@ func (h *harness) measure(ctx context.Context, name string, op **operator, actio
 	}
 	p.Seconds = time.Since(before.at).Seconds()
 	h.sayf("phase %s converged in %.1f s; waiting for the operator to settle", name, p.Seconds)
-	after, err := h.settle(actx, *op)
+	// In a busy cluster the operator's writes, not its reconciles, say it settled: an operator
+	// reconciling on every Node status post would never be quiet (the idle phase measures those).
+	settleTest := quiet
+	if h.o.Busy != nil {
+		settleTest = noWrites
+	}
+	after, err := h.settleOn(actx, *op, settleTest)
 	if err != nil {
 		return p, fmt.Errorf("phase %s: %w", name, err)
 	}
@@ -70,6 +77,11 @@ func (h *harness) measure(ctx context.Context, name string, op **operator, actio
 	if name == "resync" {
 		p.Seconds = p.SettledSeconds
 	}
+	return p, h.fill(&p, before, after, *op)
+}
+
+// fill computes a phase's figures from the snapshots at its start and end.
+func (h *harness) fill(p *Phase, before, after snapshot, op *operator) error {
 	p.Requests = after.apiserver.minus(before.apiserver)
 	p.HarnessRequests = after.harness.minus(before.harness)
 	p.OperatorRequests = Requests{}
@@ -97,6 +109,7 @@ func (h *harness) measure(ctx context.Context, name string, op **operator, actio
 		p.Reconciles[c] = n - before.reconciles[c]
 		total += p.Reconciles[c]
 	}
+	p.Queues = queuesBetween(before.queues, after.queues)
 	p.CPUSeconds = after.cpu - before.cpu
 	p.OtherCPUSeconds = map[string]float64{}
 	for name, cpu := range after.others {
@@ -105,15 +118,16 @@ func (h *harness) measure(ctx context.Context, name string, op **operator, actio
 	if total > 0 {
 		p.CPUPerReconcileMicros = p.CPUSeconds / float64(total) * 1e6
 	}
-	h.annotate(&p, before.at, pairs)
-	if *op != nil {
-		if p.PeakRSSMiB, _, err = (*op).stats(); err != nil {
-			return p, err
+	h.annotate(p, before.at, pairs)
+	if op != nil {
+		var err error
+		if p.PeakRSSMiB, _, err = op.stats(); err != nil {
+			return err
 		}
 	}
 	h.sayf("phase %s: %.1f s, settled %.1f s, %d operator writes (%.2f per pair, %.2f without Events), %.1f CPU s, peak RSS %.0f MiB",
-		name, p.Seconds, p.SettledSeconds, p.OperatorWrites, p.WritesPerPair, p.WritesPerPairNoEvents, p.CPUSeconds, p.PeakRSSMiB)
-	return p, nil
+		p.Name, p.Seconds, p.SettledSeconds, p.OperatorWrites, p.WritesPerPair, p.WritesPerPairNoEvents, p.CPUSeconds, p.PeakRSSMiB)
+	return nil
 }
 
 // annotate adds the figures derived from a phase's measurements: its stages (load, floor),
@@ -123,6 +137,9 @@ func (h *harness) annotate(p *Phase, start time.Time, pairs float64) {
 	case p.Name == "load":
 		st := h.stages(start, NodePrefix)
 		p.Stages = &st
+		if h.o.PullTimes != nil {
+			p.Tail = h.tail(start, p.Seconds)
+		}
 	case strings.HasPrefix(p.Name, "floor"):
 		st := h.stages(start, h.stagePrefix)
 		p.Stages = &st
@@ -140,9 +157,9 @@ func isIgnored(resource string) bool {
 	return false
 }
 
-// settle waits until no worker pod is left and neither the operator's writes nor its reconciles
-// moved for a second; it returns the snapshot taken when they stopped.
-func (h *harness) settle(ctx context.Context, op *operator) (snapshot, error) {
+// settleOn waits until no worker pod is left and the operator was quiet for a second (quiet: no
+// write and no reconcile; noWrites: no write); it returns the snapshot taken when it went quiet.
+func (h *harness) settleOn(ctx context.Context, op *operator, quiet func(a, b snapshot) bool) (snapshot, error) {
 	prev, err := h.snapshot(ctx, op)
 	if err != nil {
 		return prev, err
@@ -171,6 +188,12 @@ func (h *harness) settle(ctx context.Context, op *operator) (snapshot, error) {
 // quiet says whether nothing but the harness and the API server's bookkeeping wrote between a
 // and b, and the operator reconciled nothing.
 func quiet(a, b snapshot) bool {
+	return noWrites(a, b) && maps.Equal(a.reconciles, b.reconciles)
+}
+
+// noWrites says whether nothing but the harness and the API server's bookkeeping wrote between a
+// and b.
+func noWrites(a, b snapshot) bool {
 	d := b.apiserver.minus(a.apiserver).minus(b.harness.minus(a.harness))
 	for k, v := range d {
 		_, res, _ := strings.Cut(k, " ")
@@ -178,5 +201,5 @@ func quiet(a, b snapshot) bool {
 			return false
 		}
 	}
-	return maps.Equal(a.reconciles, b.reconciles)
+	return true
 }

@@ -64,7 +64,7 @@ func (r *Result) PrintTable(w io.Writer) {
 	}
 	_ = tw.Flush()
 	for _, p := range r.Phases {
-		if p.Name == "resync" || p.Seconds <= 0 {
+		if p.Name == "resync" || p.Name == "idle" || p.Seconds <= 0 {
 			continue
 		}
 		per := p.Seconds / float64(r.Pairs) * 1000
@@ -77,12 +77,26 @@ func (r *Result) PrintTable(w io.Writer) {
 			f.LoadSeconds, f.Phase, f.FloorSeconds, f.Ratio, f.SettledRatio)
 	}
 	for _, p := range r.Phases {
+		if p.Name == "idle" && p.Seconds > 0 {
+			_, _ = fmt.Fprintf(w, "idle (no Module change): operator CPU %.2f s over %.0f s = %.1f %% of a core (target < 5 %%), %d NMC and Node writes (target 0) of %d operator writes (%s), reconciles %v, peak RSS %.0f MiB; %d unrelated pods replaced (%.1f/s)\n",
+				p.CPUSeconds, p.Seconds, p.CPUSeconds/p.Seconds*100, p.OperatorWrites-p.OperatorRequests.writes("nodemodulesconfigs", "nodes"), p.OperatorWrites,
+				p.OperatorRequests.writesOnly(), p.Reconciles, p.PeakRSSMiB, p.ChurnedPods, float64(p.ChurnedPods)/p.Seconds)
+		}
+	}
+	for _, p := range r.Phases {
 		_, _ = fmt.Fprintf(w, "operator requests, %s: %s\n", p.Name, p.OperatorRequests)
 		_, _ = fmt.Fprintf(w, "operator writes per pair, %s: %.2f in all (Events included): %s\n", p.Name, p.WritesPerPair, perPair(p.WritesPerPairByKind))
 		_, _ = fmt.Fprintf(w, "mean request body bytes, %s (all clients): %s\n", p.Name, perPair(p.BodyBytesPerWrite))
 		if st := p.Stages; st != nil {
 			_, _ = fmt.Fprintf(w, "stages per pair, %s (s, p50/p90/max): start to Loading seen %s, Loading to pod ended %s, pod ended to Loaded seen %s\n",
 				p.Name, st.ToLoading, st.LoadingToEnded, st.EndedToLoaded)
+		}
+		if q := p.Queues; len(q) > 0 {
+			_, _ = fmt.Fprintf(w, "work queues, %s: %s\n", p.Name, queueLine(q))
+		}
+		if t := p.Tail; t != nil {
+			_, _ = fmt.Fprintf(w, "pull times, %s: worker pods ran %s s (p50/p90/max); the last ended at %.1f s, every pair Loaded at %.1f s: %.1f s after it (target <= 2 s)\n",
+				p.Name, t.PullSeconds, t.LastPodEndedSeconds, t.LoadedSeconds, t.AfterLastPodSeconds)
 		}
 		_, _ = fmt.Fprintf(w, "kube-apiserver, %s: %.1f ms CPU per pair; %.0f bytes per NMC status write\n", p.Name,
 			p.APIServerCPUMillisPerPair, p.NMCStatusWriteBytes)
@@ -105,6 +119,17 @@ func (p *Phase) CoresBusy() float64 {
 		total += s
 	}
 	return total / p.SettledSeconds
+}
+
+// queueLine lists the queues of the NMC and Module controllers: items, mean wait, mean work.
+func queueLine(qs map[string]Queue) string {
+	var parts []string
+	for _, name := range []string{"nmc", "module"} {
+		if q, ok := qs[name]; ok {
+			parts = append(parts, fmt.Sprintf("%s %d items, waited %.0f ms, worked %.0f ms (mean), %.1f worker-s", name, q.Items, q.MeanWaitMs, q.MeanWorkMs, q.BusyWorkersS))
+		}
+	}
+	return strings.Join(parts, "; ")
 }
 
 // perPair lists per-pair (or per-request) figures, largest first, with two decimals.

@@ -23,10 +23,12 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -63,12 +65,18 @@ type Options struct {
 	// the first ProfileSeconds of the load phase to OutDir/cpu-<N>x<M>.pprof and
 	// OutDir/apiserver-cpu-<N>x<M>.pprof.
 	ProfileSeconds int
-	// Phases are the phases to run, in order, from "load", "resync", "bump" and "floor"; empty
-	// means all four. The others need the load before them.
+	// Phases are the phases to run, in order, from "load", "resync", "bump" and "floor" (empty:
+	// these four), and "idle" and "newmodule" (issue 41: after the load, the operator watched with
+	// no Module change, then one more Module loaded). The others need the load before them.
 	Phases []string
 	// FloorConcurrency are the floor's runs, each working on that many nodes at once (issue 41);
 	// nil means DefaultFloorConcurrency. The fastest is the floor.
 	FloorConcurrency []int
+	// PullTimes, when set, has the simulated kubelet run each worker pod for a time drawn from a
+	// long-tailed spread (issue 41, item 4); the load then reports its Tail.
+	PullTimes *PullTimes
+	// Busy, when set, makes the cluster not empty (issue 41, item 3) and runs the idle phase first.
+	Busy *Busy
 	// Log receives progress lines; nil discards them.
 	Log io.Writer
 }
@@ -130,6 +138,9 @@ type Phase struct {
 	BodyBytesPerWrite map[string]float64 `json:"bodyBytesPerWrite"`
 	// Reconciles are the operator's reconciles by controller during the phase.
 	Reconciles map[string]int `json:"reconciles"`
+	// Queues are the operator's work queues by controller during the phase: how long items waited
+	// to be worked on, and how long the work took.
+	Queues map[string]Queue `json:"queues,omitempty"`
 	// CPUSeconds is the operator's CPU time (user+system) during the phase; CPUPerReconcileMicros
 	// divides it by all reconciles (it includes watch decoding and cache upkeep).
 	CPUSeconds            float64 `json:"cpuSeconds"`
@@ -143,6 +154,10 @@ type Phase struct {
 	APIServerCPUMillisPerPair float64 `json:"apiserverCPUMillisPerPair"`
 	// Stages split the load's and the floor's time per pair.
 	Stages *Stages `json:"stages,omitempty"`
+	// ChurnedPods are the unrelated pods replaced during the phase (Busy).
+	ChurnedPods int `json:"churnedPods,omitempty"`
+	// Tail is when the last worker pod ended against when the load converged (with PullTimes).
+	Tail *Tail `json:"tail,omitempty"`
 	// NMCStatusWriteBytes is the mean request body of an NMC update (all clients; in the load, the
 	// bump and the floor every NMC update is a status write).
 	NMCStatusWriteBytes float64 `json:"nmcStatusWriteBytes"`
@@ -162,7 +177,8 @@ type harness struct {
 	operatorArgs []string
 	nodes        []string
 	seen         *transitions
-	stagePrefix  string // the nodes of the floor phase being measured
+	stagePrefix  string       // the nodes of the floor phase being measured
+	replaced     atomic.Int64 // unrelated pods replaced by the churn (Busy)
 }
 
 // Run sets up the environment, runs the phases and tears everything down.
@@ -178,6 +194,10 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	if o.Log == nil {
 		o.Log = io.Discard
+	}
+	if o.Busy != nil {
+		b := o.Busy.withDefaults(o.Nodes)
+		o.Busy = &b
 	}
 	if o.FloorConcurrency == nil {
 		o.FloorConcurrency = DefaultFloorConcurrency
@@ -245,17 +265,39 @@ func (h *harness) setUp(ctx context.Context) (func(), error) {
 	if err := h.k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Namespace}}); err != nil {
 		return cleanup, err
 	}
-	if h.agent, err = agent.New(cfg, agent.Options{Workers: h.o.AgentWorkers}); err != nil {
+	// The agent watches kmm's pods only: the unrelated pods of a busy cluster are the harness's.
+	ao := agent.Options{Workers: h.o.AgentWorkers,
+		PodSelector: labels.SelectorFromSet(labels.Set{contract.LabelManagedBy: contract.ManagedBy})}
+	if h.o.PullTimes != nil {
+		// Every running pod is looked at again each Interval: at the default 50 ms, 3,000 pods 20
+		// times a second on the shared cores; a quarter second bounds how late a pod ends after
+		// its pull (the Tail uses the time it ended, not the time drawn).
+		ao.RunDelayFor, ao.Interval = h.o.PullTimes.For, 250*time.Millisecond
+	}
+	if b := h.o.Busy; b != nil {
+		ao.RealNodes, ao.LeasePeriod, ao.StatusPeriod = true, b.LeasePeriod, b.StatusPeriod
+	}
+	if h.agent, err = agent.New(cfg, ao); err != nil {
 		return cleanup, err
 	}
 	go func() { _ = h.agent.Start(ctx) }()
 	h.sayf("adding %d simulated nodes", h.o.Nodes)
 	for i := range h.o.Nodes {
 		n := nodeName(i)
-		if err := h.agent.AddNode(ctx, n, Kernel, map[string]string{"kmm-scale": "true"}); err != nil {
+		l := map[string]string{"kmm-scale": "true"}
+		if h.o.Busy != nil {
+			l = realNodeLabels(i)
+		}
+		if err := h.agent.AddNode(ctx, n, Kernel, l); err != nil {
 			return cleanup, err
 		}
 		h.nodes = append(h.nodes, n)
+	}
+	if h.o.Busy != nil {
+		if err := h.populate(ctx); err != nil {
+			return cleanup, err
+		}
+		go h.churn(ctx, &h.replaced)
 	}
 	return cleanup, nil
 }
@@ -327,6 +369,9 @@ func (h *harness) phases(ctx context.Context, res *Result) error {
 		return err
 	}
 	if plan, err = h.floorPlanFrom(ctx); err != nil {
+		return err
+	}
+	if err := h.steadyState(ctx, res, op); err != nil {
 		return err
 	}
 	if err := h.afterLoad(ctx, res, &op); err != nil {
@@ -418,10 +463,17 @@ func (h *harness) nmcBytes(ctx context.Context) (int, error) {
 	return len(compact), err
 }
 
-// runs says whether the run includes phase.
+// runs says whether the run includes phase: no Phases means load, resync, bump and floor; idle
+// and newmodule run only when asked for.
 func (h *harness) runs(phase string) bool {
-	return len(h.o.Phases) == 0 || slices.Contains(h.o.Phases, phase)
+	if len(h.o.Phases) == 0 {
+		return !slices.Contains(optInPhases, phase)
+	}
+	return slices.Contains(h.o.Phases, phase)
 }
+
+// optInPhases run only when Options.Phases names them.
+var optInPhases = []string{"idle", "newmodule"}
 
 // profile saves, in the background, CPU profiles of the operator, of kube-apiserver and of the
 // harness itself (with its agent).
@@ -498,7 +550,11 @@ func (h *harness) loadedPairs(ctx context.Context, suffix string) (int, error) {
 
 // waitLoaded waits until every pair is Loaded with the image of suffix.
 func (h *harness) waitLoaded(ctx context.Context, suffix string) error {
-	want := h.o.Nodes * h.o.Modules
+	return h.waitLoadedN(ctx, suffix, h.o.Nodes*h.o.Modules)
+}
+
+// waitLoadedN waits until want pairs are Loaded with the image of suffix.
+func (h *harness) waitLoadedN(ctx context.Context, suffix string, want int) error {
 	last := time.Now()
 	for {
 		n, err := h.loadedPairs(ctx, suffix)
