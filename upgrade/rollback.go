@@ -69,8 +69,9 @@ func (c *candidates) goBack(p *Progress, n *RolloutNode, label string, done bool
 			c.undo = append(c.undo, n.Name)
 		}
 		return false, false
-	case undo && !n.startedTowards(label) && (label != rs.version || n.LoadedVersion == label):
-		// pending with another label: an undo moves the nodes of this rollout only
+	case undo && !n.startedTowards(label) && label != rs.version:
+		// pending with another label: an undo moves the nodes of this rollout only (one that runs
+		// the rollout's version but is not verified, its validation failed say, goes back at once)
 		return false, false
 	}
 	p.RollingBack++
