@@ -72,7 +72,9 @@ func testHooksAndValidation(t *testing.T, k *kmmEnv) {
 	tm.add("hooks: Module created → node Upgraded (validation pod Succeeded)", start)
 
 	events := k.pods.since(mark)
-	loadDone := lastOf(events, func(p *corev1.Pod) bool { return isWorker(p, modHooked) && p.Status.Phase == corev1.PodSucceeded })
+	// The load pod's first Succeeded event: its deletion, also seen as Succeeded, may come after the
+	// validation pod's creation.
+	loadDone := firstOf(events, func(p *corev1.Pod) bool { return isWorker(p, modHooked) && p.Status.Phase == corev1.PodSucceeded })
 	validation := lastOf(events, func(p *corev1.Pod) bool {
 		return p.Labels[contract.LabelValidation] == "true" && p.Labels[contract.LabelModuleName] == modHooked
 	})

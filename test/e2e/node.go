@@ -145,12 +145,17 @@ func (c *Cluster) startContainerd(ctx context.Context, cniDir string) error {
 	// MirroredRegistry does not exist: its images come from the mirror at the node IP, tried
 	// first, the way an air-gapped cluster configures containerd.
 	files[MirroredRegistry] = fmt.Sprintf("[host.\"http://%s\"]\n  capabilities = [\"pull\", \"resolve\"]\n", c.NodeRegistryAddr())
+	// Readable by all, as containerd's hosts.toml files are on a node: kmm's sign pods (non-root)
+	// mount them with the worker's registry settings and read them.
 	for host, hosts := range files {
 		d := filepath.Join(c.ContainerdConfigPath(), host)
-		if err := os.MkdirAll(d, 0o750); err != nil {
+		if err := os.MkdirAll(d, 0o755); err != nil { //nolint:gosec // G301: read by non-root pods, as on a node
 			return err
 		}
-		if err := os.WriteFile(filepath.Join(d, "hosts.toml"), []byte(hosts), 0o600); err != nil {
+		if err := os.Chmod(c.ContainerdConfigPath(), 0o755); err != nil { //nolint:gosec // G302: read by non-root pods, as on a node
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(d, "hosts.toml"), []byte(hosts), 0o644); err != nil { //nolint:gosec // G306: read by non-root pods, as on a node
 			return err
 		}
 	}
