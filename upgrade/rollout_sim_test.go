@@ -355,9 +355,12 @@ func (w *rolloutWorld) plan() {
 	d := DecideRollout(w.input())
 	w.status = d.Status
 	intents := d.Intents
+	started := w.starting(intents)
 	if w.modelPaused {
 		pausedRuns++
-		if forward := towards(intents, simNew); len(forward) > 0 {
+		// A node already on its way (in progress, or going back) may be moved to the new version
+		// while paused (docs/api.md: it is unavailable already); none may start towards it.
+		if forward := towards(started, simNew); len(forward) > 0 {
 			w.violate("invariant budget: the rollout started %v while %d nodes beyond those failed at the last resume are UpgradeFailed, maxFailed %d: %s",
 				forward, w.countFailed()-w.modelAtResume, w.maxFailed, w.describe())
 		}
@@ -384,12 +387,8 @@ func (w *rolloutWorld) plan() {
 			break
 		}
 	}
-	var started []Intent // intents that start a node (not those that move one already on its way)
 	for _, it := range intents {
 		n := w.node(it.Node)
-		if !n.inProgress() && !n.rollingBack() {
-			started = append(started, it)
-		}
 		switch {
 		case n.skip:
 			w.violate("invariant skip: the rollout moved the label of skipped node %s", n.name)
@@ -412,6 +411,17 @@ func (w *rolloutWorld) plan() {
 		w.violate("invariant maxUnavailable: after starting %v, %d nodes are unavailable (in progress, NotReady or cordoned), maxUnavailable is %d: %s",
 			started, unavailable, w.budget, w.describe())
 	}
+}
+
+// starting keeps the intents that start a node (not those that move one already on its way).
+func (w *rolloutWorld) starting(intents []Intent) []Intent {
+	var started []Intent
+	for _, it := range intents {
+		if n := w.node(it.Node); !n.inProgress() && !n.rollingBack() {
+			started = append(started, it)
+		}
+	}
+	return started
 }
 
 func (w *rolloutWorld) countFailed() int {
