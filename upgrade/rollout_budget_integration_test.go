@@ -24,17 +24,9 @@ import (
 // no other node; once the load works again the node upgrades but the rollout stays paused until the
 // user resumes it (the rollout-resume annotation); then every node ends Loaded v2.
 func TestRolloutPausesAtFailureBudget(t *testing.T) {
-	cluster.StartOperator(t)
-	tb := cluster.NewBed(t, 3, testbed.KernelA)
-	label := kmmv1beta1.ModuleVersionLabel(tb.NS, "nic")
-	for _, n := range tb.Nodes {
-		cluster.SetNodeLabel(t, n, label, "v1")
-	}
 	one := intstr.FromInt32(1)
-	m := tb.VersionedModule("nic", "v1")
-	m.Spec.UpgradePolicy = &kmmv1beta1.UpgradePolicy{Automatic: true, MaxUnavailable: &one, MaxFailed: &one}
-	tb.Create(m)
-	tb.WaitLoaded("nic", "reg.example.com/nic:v1", tb.Nodes...)
+	tb, m := loadedAtV1(t, 3, &kmmv1beta1.UpgradePolicy{Automatic: true, MaxUnavailable: &one, MaxFailed: &one}, false)
+	label := kmmv1beta1.ModuleVersionLabel(tb.NS, "nic")
 
 	bad := tb.Nodes[0]
 	node.SetOutcome(func(in agent.RunInput) agent.Verdict {

@@ -12,7 +12,6 @@ import (
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/test/agent"
-	"github.com/kmm-project/kmm/test/testbed"
 )
 
 // TestRolloutRollsBackFailedNodes is upgradePolicy.rollbackFailed on a real API server: three
@@ -22,17 +21,9 @@ import (
 // other nodes stay at v1, one RollbackStarted Event. Once the load works and the user resumes, the
 // rollback ends and every node ends Loaded v2.
 func TestRolloutRollsBackFailedNodes(t *testing.T) {
-	cluster.StartOperator(t)
-	tb := cluster.NewBed(t, 3, testbed.KernelA)
-	label := kmmv1beta1.ModuleVersionLabel(tb.NS, "nic")
-	for _, n := range tb.Nodes {
-		cluster.SetNodeLabel(t, n, label, "v1")
-	}
 	one := intstr.FromInt32(1)
-	m := tb.VersionedModule("nic", "v1")
-	m.Spec.UpgradePolicy = &kmmv1beta1.UpgradePolicy{Automatic: true, MaxUnavailable: &one, MaxFailed: &one, RollbackFailed: true}
-	tb.Create(m)
-	tb.WaitLoaded("nic", "reg.example.com/nic:v1", tb.Nodes...)
+	tb, m := loadedAtV1(t, 3, &kmmv1beta1.UpgradePolicy{Automatic: true, MaxUnavailable: &one, MaxFailed: &one, RollbackFailed: true}, false)
+	label := kmmv1beta1.ModuleVersionLabel(tb.NS, "nic")
 
 	bad := tb.Nodes[0]
 	node.SetOutcome(func(in agent.RunInput) agent.Verdict {
@@ -89,19 +80,11 @@ func assertUnloadedBetween(t *testing.T, nodeName, ns string) {
 // other two stay labelled v1 while it soaks (CanaryWaiting), and start only once it has run v2
 // for 8 s; then every node ends Loaded v2.
 func TestRolloutCanarySoaks(t *testing.T) {
-	cluster.StartOperator(t)
-	tb := cluster.NewBed(t, 3, testbed.KernelA)
-	label := kmmv1beta1.ModuleVersionLabel(tb.NS, "nic")
-	for _, n := range tb.Nodes {
-		cluster.SetNodeLabel(t, n, label, "v1")
-	}
 	three := intstr.FromInt32(3)
 	const soak = 8 * time.Second
-	m := tb.VersionedModule("nic", "v1")
-	m.Spec.UpgradePolicy = &kmmv1beta1.UpgradePolicy{Automatic: true, MaxUnavailable: &three,
-		Canary: &kmmv1beta1.CanarySpec{Count: 1, SoakSeconds: int32(soak / time.Second)}}
-	tb.Create(m)
-	tb.WaitLoaded("nic", "reg.example.com/nic:v1", tb.Nodes...)
+	tb, m := loadedAtV1(t, 3, &kmmv1beta1.UpgradePolicy{Automatic: true, MaxUnavailable: &three,
+		Canary: &kmmv1beta1.CanarySpec{Count: 1, SoakSeconds: int32(soak / time.Second)}}, false)
+	label := kmmv1beta1.ModuleVersionLabel(tb.NS, "nic")
 	cluster.BumpVersion(t, m, "v2", "reg.example.com/nic:v2")
 
 	canary := tb.Nodes[0]

@@ -24,19 +24,10 @@ import (
 // rollout runs it again, and every node ends Loaded v2 with a succeeded validation pod of v2 on it;
 // the validation pods of v1 are gone.
 func TestRolloutValidatesAfterLoad(t *testing.T) {
-	cluster.StartOperator(t)
-	tb := cluster.NewBed(t, 3, testbed.KernelA)
-	label := kmmv1beta1.ModuleVersionLabel(tb.NS, "nic")
-	for _, n := range tb.Nodes {
-		cluster.SetNodeLabel(t, n, label, "v1")
-	}
 	one := intstr.FromInt32(1)
-	m := tb.VersionedModule("nic", "v1")
-	m.Spec.DevicePlugin = &kmmv1beta1.DevicePluginSpec{Container: kmmv1beta1.DevicePluginContainerSpec{Image: "reg.example.com/nic-dp:v1"}}
-	m.Spec.UpgradePolicy = &kmmv1beta1.UpgradePolicy{Automatic: true, MaxUnavailable: &one,
-		Validation: &kmmv1beta1.ValidationSpec{Container: kmmv1beta1.ValidationContainerSpec{Image: "reg.example.com/nic-check:1"}}}
-	tb.Create(m)
-	tb.WaitLoaded("nic", "reg.example.com/nic:v1", tb.Nodes...)
+	tb, m := loadedAtV1(t, 3, &kmmv1beta1.UpgradePolicy{Automatic: true, MaxUnavailable: &one,
+		Validation: &kmmv1beta1.ValidationSpec{Container: kmmv1beta1.ValidationContainerSpec{Image: "reg.example.com/nic-check:1"}}}, true)
+	label := kmmv1beta1.ModuleVersionLabel(tb.NS, "nic")
 	waitRollout(t, tb.NS, "v1 validated everywhere", func(st *kmmv1beta1.RolloutStatus) bool {
 		return st.NodesByUpgradeState[kmmv1beta1.Upgraded] == 3
 	})

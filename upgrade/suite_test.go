@@ -8,6 +8,7 @@ import (
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
 	"github.com/kmm-project/kmm/test/agent"
 	"github.com/kmm-project/kmm/test/testbed"
 )
@@ -39,4 +40,24 @@ func TestMain(m *testing.M) {
 	}
 	cluster, k8s, node = c, c.Client, c.Agent
 	os.Exit(c.Run(m))
+}
+
+// loadedAtV1 starts the operator on a bed of n nodes labelled v1 for the Module "nic", creates the
+// Module at v1 with policy (and the device plugin, with withDevicePlugin) and waits until every
+// node has v1 loaded: the start of the rollout tests on a real API server.
+func loadedAtV1(t *testing.T, n int, policy *kmmv1beta1.UpgradePolicy, withDevicePlugin bool) (*testbed.Bed, *kmmv1beta1.Module) {
+	t.Helper()
+	cluster.StartOperator(t)
+	tb := cluster.NewBed(t, n, testbed.KernelA)
+	for _, name := range tb.Nodes {
+		cluster.SetNodeLabel(t, name, kmmv1beta1.ModuleVersionLabel(tb.NS, "nic"), "v1")
+	}
+	m := tb.VersionedModule("nic", "v1")
+	if withDevicePlugin {
+		m.Spec.DevicePlugin = &kmmv1beta1.DevicePluginSpec{Container: kmmv1beta1.DevicePluginContainerSpec{Image: "reg.example.com/nic-dp:v1"}}
+	}
+	m.Spec.UpgradePolicy = policy
+	tb.Create(m)
+	tb.WaitLoaded("nic", "reg.example.com/nic:v1", tb.Nodes...)
+	return tb, m
 }
