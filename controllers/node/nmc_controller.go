@@ -64,7 +64,6 @@ type NMCReconciler struct {
 	expect        *podExpectations
 	conflicts     shared.ConflictRetry
 	saPullSecrets saPullSecretsCache
-	own           ownWrites
 }
 
 // expected returns the reconciler's pod expectations, created on first use.
@@ -172,15 +171,8 @@ func (r *NMCReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 func (r *NMCReconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	log := ctrl.LoggerFrom(ctx).WithValues("node", req.Name)
 	f, err := r.gather(ctx, req.Name)
-	if apierrors.IsNotFound(err) {
-		r.own.forget(req.Name)
-	}
 	if err != nil || f == nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
-	}
-	if r.own.behind(req.Name, f.nmc.ResourceVersion) {
-		log.V(1).Info("The cache has not seen the last status write yet; its watch event brings the node back")
-		return ctrl.Result{}, nil
 	}
 	d, err := r.decide(ctx, f, r.Clock.Now())
 	if err != nil {
@@ -465,13 +457,8 @@ func (r *NMCReconciler) writeStatus(ctx context.Context, f *nodeFacts, d decisio
 		return nil
 	}
 	nmc := f.writableNMC()
-	read := nmc.ResourceVersion
 	nmc.Status.Modules = next
-	if err := r.Client.Status().Update(ctx, nmc); err != nil {
-		return err
-	}
-	r.own.wrote(nmc.Name, read)
-	return nil
+	return r.Client.Status().Update(ctx, nmc)
 }
 
 // podWritesAtOnce bounds the pairs whose worker pods one reconcile deletes and creates at once.
