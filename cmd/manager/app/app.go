@@ -110,10 +110,11 @@ type Options struct {
 	SetFirmwareClassPath bool
 	// WorkerRegistry is the registry configuration worker pods pull with (docs/registries.md).
 	WorkerRegistry node.WorkerRegistryOptions
-	// NMCConcurrency is how many nodes the NMC controller reconciles at once. 16: at 1,000 x 1, 32
-	// cut the queue's mean wait from 4.2-4.4 s to 2.5-3.1 s and reached 0.75-0.86x the floor
-	// against 1.01-1.05x, but at 1,000 x 3 it made 5.03 writes per pair (1.25 status writes and
-	// 0.74 label patches), over SPEC §10's 5; 64 was slower still (issue 41, docs/performance.md).
+	// NMCConcurrency is how many nodes the NMC controller reconciles at once. 16: in issue 41's
+	// round three 32 made 5.03 writes per pair at 1,000 x 3, over SPEC §10's 5; in round four, with
+	// a node's pairs folded into one reconcile, 24 and 32 kept the writes at 4.06-4.25 per pair but
+	// were not faster (the front then waits on the Module controller's applies); 64 was slower
+	// still (docs/performance.md).
 	NMCConcurrency int
 	// NMCCoalesceWindow is how long the NMC controller waits before reconciling a node after a new
 	// spec entry or a worker pod's update, so that its other pairs' changes fold into one reconcile
