@@ -80,7 +80,7 @@ func (r *NMCReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	// Measured in issue 22: giving the node of a finished worker pod a higher queue priority finished
 	// the first pairs sooner at 1,000 x 3 but batched fewer pairs per NMC status write and node patch
 	// (1.22 and 0.71 per pair instead of 0.99 and 0.59) and was not faster in all: plain FIFO stays.
-	// New spec entries and ended worker pods wait a short window instead (coalesce.go).
+	// New spec entries and worker pod updates wait a short window instead (coalesce.go).
 	if err := podindex.Register(context.Background(), mgr.GetFieldIndexer()); err != nil {
 		return err
 	}
