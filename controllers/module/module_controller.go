@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -69,6 +70,8 @@ type Reconciler struct {
 	conflicts    shared.ConflictRetry
 	statusWrites statusWrites
 	orphans      orphanSeen
+	writersOnce  sync.Once
+	writerSlots  chan struct{}
 }
 
 func (r *Reconciler) clock() clock.PassiveClock {
@@ -92,7 +95,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// The image controller's MIC status opens the image gate (gate.go).
 		Watches(&kmmv1beta1.ModuleImagesConfig{}, handler.EnqueueRequestsFromMapFunc(micModule)).
 		Watches(&corev1.Namespace{}, r.modulesOfNamespace(), builder.WithPredicates(namespaceDeletedOrRelabelled())).
-		WithOptions(controller.Options{RateLimiter: retry.Limiter()}).
+		WithOptions(controller.Options{RateLimiter: retry.Limiter(), MaxConcurrentReconciles: Concurrency}).
 		Complete(r)
 }
 
@@ -473,19 +476,45 @@ func nodeView(n *corev1.Node) fsm.NodeView {
 	return fsm.NodeView{Name: n.Name, Labels: n.Labels, KernelVersion: n.Status.NodeInfo.KernelVersion}
 }
 
-// SpecWriters is how many NMC entries one Module reconcile applies at once: every apply is a
-// round trip, and one Module may have thousands of nodes.
+// SpecWriters is how many NMC entries the Module reconciles apply at once, together: every apply
+// is a round trip, and one Module may have thousands of nodes.
 const SpecWriters = 16
 
-// syncSpecs applies the Module's entry on each node whose decision changes it.
+// Concurrency is how many Modules the controller reconciles at once. Modules created together
+// (or changed together) sweep the nodes side by side, in the same order (node names) and sharing
+// SpecWriters, so a node gets their entries at about the same time and the NMC controller starts
+// its pairs in one reconcile (one NMC status write, the worker pods together; its coalescing
+// window, controllers/node). One Module at a time put a Module's sweep between a node's entries:
+// at 1,000 x 3, 9-16 s apart, and each node's pairs started (and ended) in 2-3 reconciles (issue
+// 41, round four: docs/performance.md).
+const Concurrency = 4
+
+// syncSpecs applies the Module's entry on each node whose decision changes it, in the order of the
+// node names.
 func (r *Reconciler) syncSpecs(ctx context.Context, s *moduleScope, log logr.Logger) error {
 	var applies []func() error
-	for i := range s.nodes {
+	for _, i := range byName(s.nodes) {
 		if write := r.entryWrite(ctx, s, &s.nodes[i], log); write != nil {
 			applies = append(applies, write)
 		}
 	}
-	return runConcurrently(applies, SpecWriters)
+	return runConcurrently(applies, r.writers())
+}
+
+// writers is the semaphore every Module reconcile's applies share (SpecWriters slots).
+func (r *Reconciler) writers() chan struct{} {
+	r.writersOnce.Do(func() { r.writerSlots = make(chan struct{}, SpecWriters) })
+	return r.writerSlots
+}
+
+// byName lists the indexes of nodes in the order of their names.
+func byName(nodes []corev1.Node) []int {
+	order := make([]int, len(nodes))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return strings.Compare(nodes[a].Name, nodes[b].Name) })
+	return order
 }
 
 // entryWrite is the write of the Module's entry on node n its decision asks for (nil: none): by
@@ -520,10 +549,9 @@ func (r *Reconciler) entryWrite(ctx context.Context, s *moduleScope, n *corev1.N
 	return nil
 }
 
-// runConcurrently runs fns, at most n at once, and joins their errors.
-func runConcurrently(fns []func() error, n int) error {
+// runConcurrently runs fns, each holding a slot of sem while it runs, and joins their errors.
+func runConcurrently(fns []func() error, sem chan struct{}) error {
 	errs := make([]error, len(fns))
-	sem := make(chan struct{}, n)
 	var wg sync.WaitGroup
 	for i, fn := range fns {
 		sem <- struct{}{}

@@ -141,6 +141,13 @@ func (c *Cluster) StartOperatorAs(t *testing.T, configure func(*rest.Config)) *O
 	return c.startOperator(t, nil, configure)
 }
 
+// StartOperatorWithConfig is StartOperator with options changed by set and the rest config by
+// configure first (either nil: unchanged).
+func (c *Cluster) StartOperatorWithConfig(t *testing.T, set func(*app.Options), configure func(*rest.Config)) *Operator {
+	t.Helper()
+	return c.startOperator(t, set, configure)
+}
+
 // startOperator starts the operator with its options changed by set and its rest config by
 // configure (either nil: unchanged).
 func (c *Cluster) startOperator(t *testing.T, set func(*app.Options), configure func(*rest.Config)) *Operator {

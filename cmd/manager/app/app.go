@@ -110,11 +110,16 @@ type Options struct {
 	SetFirmwareClassPath bool
 	// WorkerRegistry is the registry configuration worker pods pull with (docs/registries.md).
 	WorkerRegistry node.WorkerRegistryOptions
-	// NMCConcurrency is how many nodes the NMC controller reconciles at once. 16: at 1,000 x 1, 32
-	// cut the queue's mean wait from 4.2-4.4 s to 2.5-3.1 s and reached 0.75-0.86x the floor
-	// against 1.01-1.05x, but at 1,000 x 3 it made 5.03 writes per pair (1.25 status writes and
-	// 0.74 label patches), over SPEC §10's 5; 64 was slower still (issue 41, docs/performance.md).
+	// NMCConcurrency is how many nodes the NMC controller reconciles at once. 16: in issue 41's
+	// round three 32 made 5.03 writes per pair at 1,000 x 3, over SPEC §10's 5; in round four, with
+	// a node's pairs folded into one reconcile, 24 and 32 kept the writes at 4.06-4.25 per pair but
+	// were not faster (the front then waits on the Module controller's applies); 64 was slower
+	// still (docs/performance.md).
 	NMCConcurrency int
+	// NMCCoalesceWindow is how long the NMC controller waits before reconciling a node after a new
+	// spec entry or a worker pod's update, so that its other pairs' changes fold into one reconcile
+	// (node.DefaultCoalesceWindow; 0 to 10 s, 0: not at all).
+	NMCCoalesceWindow time.Duration
 	// SecretsClusterWide says how the operator may read the Modules' pull secrets: through a
 	// ClusterRoleBinding to kmm-secret-reader (config/default), or, when false, through a RoleBinding
 	// in each Module namespace that an administrator creates (config/components/namespaced-secrets).
@@ -163,6 +168,7 @@ func DefaultOptions() Options {
 		// the image controller: a HEAD per image, cut after 20 s like preflight's.
 		ImageCheckTimeout: preflight.DefaultCheckTimeout,
 		NMCConcurrency:    16,
+		NMCCoalesceWindow: node.DefaultCoalesceWindow,
 		// preflight: a HEAD per Module, a few at a time, each cut after 20 s.
 		PreflightConcurrency:  preflight.DefaultConcurrency,
 		PreflightCheckTimeout: preflight.DefaultCheckTimeout,
@@ -212,6 +218,7 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.SetFirmwareClassPath, "set-firmware-class-path", o.SetFirmwareClassPath, "Worker pods write firmware-host-path to /sys/module/firmware_class/parameters/path when they load a module with firmware (not needed for /lib/firmware).")
 	o.bindRegistryFlags(fs)
 	fs.IntVar(&o.NMCConcurrency, "nmc-concurrency", o.NMCConcurrency, "Nodes the NMC controller reconciles concurrently.")
+	fs.DurationVar(&o.NMCCoalesceWindow, "nmc-coalesce-window", o.NMCCoalesceWindow, "How long the NMC controller waits before reconciling a node after a new spec entry or a worker pod's update, so that the node's other pairs fold into the same reconcile (0 to 10s; 0: not at all).")
 	fs.IntVar(&o.PreflightConcurrency, "preflight-concurrency", o.PreflightConcurrency, "Image checks a PreflightValidation runs at once.")
 	fs.DurationVar(&o.PreflightCheckTimeout, "preflight-check-timeout", o.PreflightCheckTimeout, "Longest time one PreflightValidation image check may take; a registry slower than that is RegistryUnreachable.")
 	fs.DurationVar(&o.BackOff.Base, "worker-backoff", o.BackOff.Base, "Wait after a first worker failure; it doubles with each further failure.")
@@ -277,6 +284,10 @@ func (o *Options) validateLeaderElection() error {
 	return nil
 }
 
+// MaxNMCCoalesceWindow bounds --nmc-coalesce-window: every node waits up to the window after a
+// new spec entry and after its worker pods' updates.
+const MaxNMCCoalesceWindow = 10 * time.Second
+
 // validateWork checks the settings of the work the controllers do: worker back-off, preflight
 // checks, the worker image and the NMC concurrency.
 func (o *Options) validateWork() error {
@@ -291,6 +302,9 @@ func (o *Options) validateWork() error {
 	}
 	if o.WorkerImage == "" || o.NMCConcurrency < 1 {
 		return fmt.Errorf("worker-image must be set and nmc-concurrency at least 1, got %q and %d", o.WorkerImage, o.NMCConcurrency)
+	}
+	if o.NMCCoalesceWindow < 0 || o.NMCCoalesceWindow > MaxNMCCoalesceWindow {
+		return fmt.Errorf("nmc-coalesce-window must be 0 to %v, got %v", MaxNMCCoalesceWindow, o.NMCCoalesceWindow)
 	}
 	return nil
 }
@@ -671,6 +685,7 @@ func setupControllers(mgr ctrl.Manager, o Options) error {
 		},
 		BackOff:                 o.BackOff,
 		MaxConcurrentReconciles: o.NMCConcurrency,
+		CoalesceWindow:          o.NMCCoalesceWindow,
 	}
 	if err := nmc.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the NMC controller: %w", err)
