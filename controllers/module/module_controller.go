@@ -498,7 +498,7 @@ func (r *Reconciler) syncSpecs(ctx context.Context, s *moduleScope, log logr.Log
 			applies = append(applies, write)
 		}
 	}
-	return runConcurrently(applies, r.writers())
+	return shared.RunConcurrently(applies, r.writers())
 }
 
 // writers is the semaphore every Module reconcile's applies share (SpecWriters slots).
@@ -547,21 +547,6 @@ func (r *Reconciler) entryWrite(ctx context.Context, s *moduleScope, n *corev1.N
 		return func() error { return r.applyEntry(ctx, n, s.module, nil) }
 	}
 	return nil
-}
-
-// runConcurrently runs fns, each holding a slot of sem while it runs, and joins their errors.
-func runConcurrently(fns []func() error, sem chan struct{}) error {
-	errs := make([]error, len(fns))
-	var wg sync.WaitGroup
-	for i, fn := range fns {
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			errs[i] = fn()
-		})
-	}
-	wg.Wait()
-	return errors.Join(errs...)
 }
 
 // applyEntry server-side-applies the Module's entry (nil: none) to the node's NMC with a field

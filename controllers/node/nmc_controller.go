@@ -479,26 +479,20 @@ func (r *NMCReconciler) execute(ctx context.Context, f *nodeFacts, d decision, l
 	}
 	setDrainGauge(f.node.Name, d.outcomes)
 	name := f.node.Name
-	results := make([]error, len(d.outcomes)+1)
-	var wg sync.WaitGroup
-	wg.Go(func() {
+	writes := []func() error{func() error {
 		if err := r.patchLabels(ctx, f, d.labels); err != nil {
-			results[0] = fmt.Errorf("labelling node %s: %w", name, err)
+			return fmt.Errorf("labelling node %s: %w", name, err)
 		}
-	})
-	slots := make(chan struct{}, podWritesAtOnce)
-	for i, o := range d.outcomes {
-		if !o.result.Plan.DeleteWorker && o.result.Plan.CreateWorker == nil {
-			continue
+		return nil
+	}}
+	for _, o := range d.outcomes {
+		if o.result.Plan.DeleteWorker || o.result.Plan.CreateWorker != nil {
+			writes = append(writes, func() error { return r.executePods(ctx, name, o, log) })
 		}
-		slots <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-slots }()
-			results[i+1] = r.executePods(ctx, name, o, log)
-		})
 	}
-	wg.Wait()
-	if err := errors.Join(append(errs, results...)...); err != nil {
+	// The label patch takes the first slot; the pairs share the others.
+	errs = append(errs, shared.RunConcurrently(writes, make(chan struct{}, 1+podWritesAtOnce)))
+	if err := errors.Join(errs...); err != nil {
 		return err
 	}
 	return r.deleteIfEmpty(ctx, f)

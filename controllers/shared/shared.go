@@ -3,6 +3,7 @@ package shared
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
@@ -164,4 +165,20 @@ func ReleaseUpstreamDevicePluginPod(ctx context.Context, c client.Client, p *cor
 		return err
 	}
 	return IgnoreGone(c.Patch(ctx, p, client.RawPatch(types.MergePatchType, data)))
+}
+
+// RunConcurrently runs fns, each holding a slot of sem while it runs (they start in order), and
+// joins their errors.
+func RunConcurrently(fns []func() error, sem chan struct{}) error {
+	errs := make([]error, len(fns))
+	var wg sync.WaitGroup
+	for i, fn := range fns {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			errs[i] = fn()
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
