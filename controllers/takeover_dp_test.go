@@ -440,8 +440,21 @@ func TestTakeoverHandoverStuckIsReported(t *testing.T) {
 		}
 		return true, ""
 	})
-	if elapsed := time.Since(start); elapsed < timeout {
-		t.Errorf("reported stuck after %v, before the timeout %v", elapsed, timeout)
+	// The handover starts at the creation of the newest device plugin DaemonSet (upstream's or
+	// kmm's), a timestamp of one-second resolution: the timeout is counted from there.
+	sets := &appsv1.DaemonSetList{}
+	if err := k8s.List(ctx, sets, client.InNamespace(tb.NS)); err != nil {
+		t.Fatal(err)
+	}
+	var since time.Time
+	for i := range sets.Items {
+		if c := sets.Items[i].CreationTimestamp.Time; c.After(since) {
+			since = c
+		}
+	}
+	if elapsed := time.Since(since); elapsed < timeout {
+		t.Errorf("reported stuck %v after the newest device plugin DaemonSet's creation (%v after the operator started), before the timeout %v",
+			elapsed, time.Since(start), timeout)
 	}
 	time.Sleep(3 * time.Second) // more handover polls: still one Event, upstream's DaemonSet kept
 	if err := k8s.Get(ctx, client.ObjectKeyFromObject(ds), ds); err != nil || ds.DeletionTimestamp != nil {
