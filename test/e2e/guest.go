@@ -29,6 +29,7 @@ import (
 
 	"github.com/kmm-project/kmm/test/e2e/kernelview"
 	"github.com/kmm-project/kmm/test/netport"
+	"github.com/kmm-project/kmm/test/vm"
 )
 
 // qemu's user network (slirp): the guest's address, and the host's loopback as the guest sees it.
@@ -138,7 +139,7 @@ func (g *Guest) Boot(ctx context.Context, k *DebianKernel) error {
 	}
 	_, _ = fmt.Fprintf(console, "\n===== boot %d: %s =====\n", g.boots, k.Release)
 	args := []string{
-		"-accel", "tcg", "-m", fmt.Sprint(g.memory), "-smp", "2", "-nographic", "-no-reboot",
+		"-accel", vm.QemuAccel, "-m", fmt.Sprint(g.memory), "-smp", fmt.Sprint(vm.QemuCPUs), "-nographic", "-no-reboot",
 		"-kernel", k.Vmlinuz, "-initrd", g.initrd,
 		"-append", "console=ttyS0 panic=-1 rdinit=/init",
 		"-nic", fmt.Sprintf("user,model=virtio-net-pci,hostfwd=tcp:127.0.0.1:%d-%s:%d", g.obsPort, GuestIP, observerPort),

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -35,12 +36,11 @@ func requireQemu(t *testing.T) string {
 	return p
 }
 
-// qemuArgs are qemu's arguments: software emulation only (KVM hangs on these machines even where
-// /dev/kvm exists), no network device, the serial console on standard output, and a kernel that
-// powers off (panic=-1 with -no-reboot) instead of hanging when the init dies.
+// qemuArgs are qemu's arguments: QemuAccel and QemuCPUs, no network device, the serial console
+// on standard output, and a kernel that powers off (panic=-1 with -no-reboot) instead of hanging when the init dies.
 func qemuArgs(k kernel, initrd string) []string {
 	return []string{
-		"-accel", "tcg", "-m", "512", "-nographic", "-no-reboot", "-nic", "none",
+		"-accel", QemuAccel, "-smp", strconv.Itoa(QemuCPUs), "-m", "512", "-nographic", "-no-reboot", "-nic", "none",
 		"-kernel", k.Vmlinuz, "-initrd", initrd,
 		"-append", "console=ttyS0 panic=-1 quiet",
 	}

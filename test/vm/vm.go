@@ -50,6 +50,19 @@ const (
 	Modprobe = "/sbin/modprobe"
 )
 
+// QemuAccel is the accelerator of every qemu guest the tests boot (this package's VM and the
+// e2e's kubelet node): TCG, as KVM hangs on these machines even where /dev/kvm exists, with one
+// host thread for all virtual CPUs. With a thread per CPU (qemu 7.2 of Debian 12), a CPU may go on
+// running the int3 that the kernel put in and took out again while patching its own code (a static
+// key switching, as a kubelet's first socket in a memory cgroup does): the kernel's int3 handler
+// sees no int3 in memory, returns to the same instruction, and the CPU spins there for good. A
+// kubelet guest then never registers; the patching step of TestWorkerInVM locks up within seconds.
+const QemuAccel = "tcg,thread=single"
+
+// QemuCPUs is the number of virtual CPUs of the guests: two, as the e2e's node has, so that code
+// patching meets a CPU running the patched code.
+const QemuCPUs = 2
+
 // RegistryAddr is where the guest init serves the kmod images (the guest's own loopback).
 const RegistryAddr = "127.0.0.1:5000"
 

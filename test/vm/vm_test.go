@@ -18,6 +18,7 @@ import (
 var expectedChecks = []string{
 	"init/setup",
 	"boot/kernel", "boot/modules-absent", "boot/registry",
+	"patching/two-cpus", "patching/key", "patching/patched", "patching/restored",
 	"load/outcome", "load/loaded", "load/parameters", "load/firmware-file", "load/firmware-class-path",
 	"unload/outcome", "unload/unloaded", "unload/firmware-removed",
 	"intree/preloaded", "intree/outcome", "intree/in-tree-removed", "intree/loaded-with-deps", "intree/removed-first",

@@ -35,6 +35,7 @@ type step struct {
 func steps() []step {
 	return []step{
 		{"boot", stepBoot},
+		{"patching", stepPatching},
 		{"load", stepLoad},
 		{"unload", stepUnload},
 		{"intree", stepInTree},
