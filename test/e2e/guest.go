@@ -167,9 +167,10 @@ func (g *Guest) Boot(ctx context.Context, k *DebianKernel) error {
 		select {
 		case err := <-exited:
 			exited <- err
-			return fmt.Errorf("qemu exited during boot %d (%v): see %s", g.boots, err, console.Name())
+			return fmt.Errorf("qemu exited during boot %d (%v): see %s; its last lines:\n%s", g.boots, err, console.Name(), fileTail(console.Name(), consoleTailLines))
 		case <-ctx.Done():
-			return fmt.Errorf("the guest node %s did not register boot %d (%s) within %s: see %s", g.name, g.boots, k.Release, guestBootTimeout, console.Name())
+			return fmt.Errorf("the guest node %s did not register boot %d (%s) within %s: see %s; its last lines:\n%s",
+				g.name, g.boots, k.Release, guestBootTimeout, console.Name(), fileTail(console.Name(), consoleTailLines))
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
@@ -675,4 +676,33 @@ func guestKubeletConfig() map[string]any {
 		},
 		"authorization": map[string]any{"mode": "Webhook"},
 	}
+}
+
+// consoleTailLines is how much of the guest's console a failed boot quotes: enough for a kernel
+// oops or a soft lockup's call trace, which is what CI's report shows when the log directory is
+// gone.
+const consoleTailLines = 30
+
+// fileTail returns the last n lines of the file's last 64 KiB (or why it cannot be read).
+func fileTail(path string, n int) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return err.Error()
+	}
+	defer func() { _ = f.Close() }()
+	const window = 64 << 10
+	if st, err := f.Stat(); err == nil && st.Size() > window {
+		if _, err := f.Seek(st.Size()-window, io.SeekStart); err != nil {
+			return err.Error()
+		}
+	}
+	data, err := io.ReadAll(f)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
 }
