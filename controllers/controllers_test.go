@@ -385,17 +385,30 @@ func TestConcurrentModulesKeepEachOthersEntries(t *testing.T) {
 }
 
 func setImage(t *testing.T, ns, name, image string) {
+	t.Helper()
+	editModule(t, client.ObjectKey{Namespace: ns, Name: name}, func(m *kmmv1beta1.Module) {
+		m.Spec.ModuleLoader.Container.KernelMappings[0].ContainerImage = image
+	})
+}
+
+// editModule applies edit to the Module as an administrator's edit does: read, change, update,
+// again on a conflict. The operator writes the Module's status and finalizers while a test runs,
+// so a lone Get and Update fails whenever one of those lands in between. It returns the Module as
+// updated.
+func editModule(t *testing.T, key client.ObjectKey, edit func(*kmmv1beta1.Module)) *kmmv1beta1.Module {
+	t.Helper()
+	m := &kmmv1beta1.Module{}
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		m := &kmmv1beta1.Module{}
-		if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, m); err != nil {
+		if err := k8s.Get(context.Background(), key, m); err != nil {
 			return err
 		}
-		m.Spec.ModuleLoader.Container.KernelMappings[0].ContainerImage = image
+		edit(m)
 		return k8s.Update(context.Background(), m)
 	})
 	if err != nil {
-		t.Error(err)
+		t.Fatalf("editing Module %s: %v", key, err)
 	}
+	return m
 }
 
 // nmcRevisions records the spec entries of every revision of the watched NMCs.

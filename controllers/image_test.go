@@ -374,14 +374,8 @@ func TestRebuildTriggerOnAPresentImage(t *testing.T) {
 	tb.WaitLoaded("again", img, tb.Nodes...)
 	before := len(cluster.PairStatus(tb.Nodes[0], tb.NS, "again").Transitions)
 
-	if err := k8s.Get(context.Background(), client.ObjectKeyFromObject(m), m); err != nil {
-		t.Fatal(err)
-	}
 	gen := int64(7)
-	m.Spec.ImageRebuildTriggerGeneration = &gen
-	if err := k8s.Update(context.Background(), m); err != nil {
-		t.Fatal(err)
-	}
+	m = editModule(t, client.ObjectKeyFromObject(m), func(m *kmmv1beta1.Module) { m.Spec.ImageRebuildTriggerGeneration = &gen })
 	testbed.Eventually(t, 20*time.Second, func() (bool, string) {
 		st := imageState(tb.NS, "again", img)
 		checked := st.RebuildTriggerGeneration != nil && *st.RebuildTriggerGeneration == gen && st.State == image.Present
@@ -406,14 +400,8 @@ func TestRebuildTriggerOnAPresentImage(t *testing.T) {
 	if err := remote.Delete(mustRef(img), remote.WithTransport(reg.Server.Client().Transport)); err != nil {
 		t.Fatal(err)
 	}
-	if err := k8s.Get(context.Background(), client.ObjectKeyFromObject(m), m); err != nil {
-		t.Fatal(err)
-	}
 	gen = 8
-	m.Spec.ImageRebuildTriggerGeneration = &gen
-	if err := k8s.Update(context.Background(), m); err != nil {
-		t.Fatal(err)
-	}
+	m = editModule(t, client.ObjectKeyFromObject(m), func(m *kmmv1beta1.Module) { m.Spec.ImageRebuildTriggerGeneration = &gen })
 	waitImageState(t, tb.NS, "again", img, image.Building, 20*time.Second)
 	testbed.Eventually(t, 10*time.Second, func() (bool, string) {
 		c := moduleCondition(t, tb.NS, "again", kmmv1beta1.ConditionReady)

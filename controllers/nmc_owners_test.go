@@ -135,13 +135,7 @@ func TestNMCFieldOwners(t *testing.T) {
 	}
 	checkNMCs("both Modules loaded")
 
-	if err := k8s.Get(ctx, client.ObjectKeyFromObject(nic), nic); err != nil {
-		t.Fatal(err)
-	}
-	nic.Spec.ModuleLoader.Container.KernelMappings[0].ContainerImage = "reg.example.com/nic:a2"
-	if err := k8s.Update(ctx, nic); err != nil {
-		t.Fatal(err)
-	}
+	setImage(t, nic.Namespace, nic.Name, "reg.example.com/nic:a2")
 	tb.WaitLoaded("nic", "reg.example.com/nic:a2", tb.Nodes...)
 	checkNMCs("nic's image edited and reloaded")
 

@@ -246,17 +246,10 @@ func TestTakeoverFromUpstream(t *testing.T) {
 	}
 
 	// After the takeover kmm runs the module as its own: an image change upgrades it...
-	got := &kmmv1beta1.Module{}
-	if err := k8s.Get(ctx, client.ObjectKeyFromObject(m), got); err != nil {
-		t.Fatal(err)
-	}
-	got.Spec.ModuleLoader.Container.KernelMappings[0].ContainerImage = "reg.example.com/nic:a2"
-	if err := k8s.Update(ctx, got); err != nil {
-		t.Fatal(err)
-	}
+	setImage(t, m.Namespace, m.Name, "reg.example.com/nic:a2")
 	tb.WaitLoaded("nic", "reg.example.com/nic:a2", tb.Nodes...)
 	// ... and deleting the Module unloads it everywhere and releases both finalizers.
-	if err := k8s.Delete(ctx, got); err != nil {
+	if err := k8s.Delete(ctx, m); err != nil {
 		t.Fatal(err)
 	}
 	testbed.Eventually(t, 30*time.Second, func() (bool, string) {
@@ -386,14 +379,9 @@ func TestTakeoverFieldRemovedStaysRemoved(t *testing.T) {
 		return ""
 	}))
 
-	got := &kmmv1beta1.Module{}
-	if err := k8s.Get(ctx, client.ObjectKeyFromObject(m), got); err != nil {
-		t.Fatal(err)
-	}
-	got.Spec.ModuleLoader.ServiceAccountName, got.Spec.ImageRepoSecret, got.Spec.Tolerations = "", nil, nil
-	if err := k8s.Update(ctx, got); err != nil {
-		t.Fatal(err)
-	}
+	editModule(t, client.ObjectKeyFromObject(m), func(got *kmmv1beta1.Module) {
+		got.Spec.ModuleLoader.ServiceAccountName, got.Spec.ImageRepoSecret, got.Spec.Tolerations = "", nil, nil
+	})
 	removed := entries(func(e *kmmv1beta1.NodeModuleSpec) string {
 		if e.ServiceAccountName != "" || e.ImageRepoSecret != nil || len(e.Tolerations) != 0 {
 			return "fields removed from the Module are still in the entry"
