@@ -175,3 +175,36 @@ func TestPairsPodsCreatedSideBySide(t *testing.T) {
 		t.Errorf("at most %d worker pod creations in flight at once, want 3", posts.most)
 	}
 }
+
+// TestLastWorkerPodEndNotDelayed: the end of a node's only running worker pod has nothing to fold
+// and is reconciled at once, not after the NMC controller's coalescing window (at 1,000 × 1 the
+// window was a wait at the back of every node). With a 10 s window (the bound), the pair is Loaded well
+// within it after its pod ended.
+func TestLastWorkerPodEndNotDelayed(t *testing.T) {
+	const window = 10 * time.Second
+	cluster.StartOperatorWith(t, func(o *app.Options) { o.NMCCoalesceWindow = window })
+	tb := cluster.NewBed(t, 1, testbed.KernelA)
+	var mu sync.Mutex
+	release := false
+	hold := func(p *corev1.Pod) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return p.Labels[contract.LabelModuleNamespace] == tb.NS && !release
+	}
+	node.SetHold(hold)
+	t.Cleanup(func() { node.SetHold(nil) })
+	tb.Create(tb.Module("a"))
+	testbed.Eventually(t, 2*window, func() (bool, string) {
+		return len(workerPodsOn(t, tb.Nodes[0])) == 1, "the held load pod"
+	})
+	mu.Lock()
+	release = true
+	mu.Unlock()
+	start := time.Now()
+	node.SetHold(hold) // the agent looks at its held pod again
+	tb.WaitLoaded("a", "reg.example.com/a:a", tb.Nodes...)
+	if took := time.Since(start); took > window/2 {
+		t.Fatalf("the pair was Loaded %v after its only worker pod was released, want well within the %v window: the end waited the window", took.Round(time.Millisecond), window)
+	}
+	t.Logf("Loaded %v after the release", time.Since(start).Round(time.Millisecond))
+}

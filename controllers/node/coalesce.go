@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 
@@ -19,8 +20,8 @@ import (
 // ending is such a change): the changes that follow within the window (the other Modules' spec
 // entries, the node's other worker pods ending) fold into the same reconcile, one NMC status write
 // and one node label patch. Any other event of the node (its NMC's status, its labels, a pod
-// created or gone) is not delayed, and neither is a node already waiting in the queue: a node
-// waits at most this long. Issue 41, round four (docs/performance.md).
+// created or gone) is not delayed, nor is the end of the node's last running worker pod (nothing
+// left to fold: mayFold), nor a node already waiting in the queue: a node waits at most this long. Issue 41, round four (docs/performance.md).
 const DefaultCoalesceWindow = time.Second
 
 // queue is the NMC controller's work queue as an event handler sees it.
@@ -85,11 +86,38 @@ func (r *NMCReconciler) podEvents() handler.Funcs {
 			if old.Spec.NodeName != p.Spec.NodeName {
 				r.enqueueNode(q, old.Spec.NodeName, false)
 			}
-			r.enqueueNode(q, p.Spec.NodeName, isWorkerPod(p))
+			r.enqueueNode(q, p.Spec.NodeName, isWorkerPod(p) && r.mayFold(p))
 		},
 		DeleteFunc:  func(_ context.Context, e event.DeleteEvent, q queue) { enqueue(q, e.Object) },
 		GenericFunc: func(_ context.Context, e event.GenericEvent, q queue) { enqueue(q, e.Object) },
 	}
+}
+
+// mayFold says whether another pair's change may follow worker pod p's update within the window:
+// p has not ended (only its end matters to a decision), or another worker pod of its node has not
+// ended yet. The end of a node's last running worker pod (a node with one Module, or the last of
+// its pods) has nothing to wait for and is reconciled at once. A failed read of the cache says yes:
+// the node then waits the window, as before.
+func (r *NMCReconciler) mayFold(p *corev1.Pod) bool {
+	if !podEnded(p) {
+		return true
+	}
+	pods := &corev1.PodList{}
+	if err := r.Client.List(context.Background(), pods, client.MatchingLabels{contract.LabelWorker: "true"},
+		client.MatchingFields{contract.PodNodeNameField: p.Spec.NodeName}, client.UnsafeDisableDeepCopy); err != nil {
+		return true
+	}
+	for i := range pods.Items {
+		if o := &pods.Items[i]; o.UID != p.UID && o.DeletionTimestamp.IsZero() && !podEnded(o) {
+			return true
+		}
+	}
+	return false
+}
+
+// podEnded says whether p's containers have ended (Succeeded or Failed).
+func podEnded(p *corev1.Pod) bool {
+	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
 }
 
 // isWorkerPod says whether p is a worker pod (not a device plugin or DRA driver pod).
