@@ -21,7 +21,8 @@ import (
 // entries, the node's other worker pods ending) fold into the same reconcile, one NMC status write
 // and one node label patch. Any other event of the node (its NMC's status, its labels, a pod
 // created or gone) is not delayed, nor is the end of the node's last running worker pod (nothing
-// left to fold: mayFold), nor a node already waiting in the queue: a node waits at most this long. Issue 41, round four (docs/performance.md).
+// left to fold: mayFold), nor a node already waiting in the queue: a node waits at most this
+// long. Issue 41, rounds four and five (docs/performance.md).
 const DefaultCoalesceWindow = time.Second
 
 // queue is the NMC controller's work queue as an event handler sees it.

@@ -246,7 +246,7 @@ func collectPod(f *nodeFacts, p *corev1.Pod, node string) {
 	}
 	// A device plugin or DRA driver pod counts until it is gone, Terminating included: it may
 	// still use the module.
-	if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+	if podEnded(p) {
 		return
 	}
 	key := p.Labels[contract.LabelModuleNamespace] + "/" + p.Labels[contract.LabelModuleName]

@@ -142,7 +142,7 @@ func upstreamDevicePluginsOn(ctx context.Context, reader client.Reader, c client
 	var errs []error
 	for i := range list.Items {
 		p := &list.Items[i]
-		if p.Spec.NodeName != node || !shared.UpstreamDevicePluginPod(p) || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+		if p.Spec.NodeName != node || !shared.UpstreamDevicePluginPod(p) || podEnded(p) {
 			continue
 		}
 		out[p.Namespace+"/"+p.Labels[shared.UpstreamModuleNameLabel]] = true
