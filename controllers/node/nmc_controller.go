@@ -27,6 +27,7 @@ import (
 	"github.com/kmm-project/kmm/contract"
 	"github.com/kmm-project/kmm/controllers/shared"
 	"github.com/kmm-project/kmm/fsm"
+	"github.com/kmm-project/kmm/internal/expectations"
 	"github.com/kmm-project/kmm/internal/podindex"
 	"github.com/kmm-project/kmm/internal/retry"
 	"github.com/kmm-project/kmm/internal/semantic"
@@ -62,13 +63,16 @@ type NMCReconciler struct {
 
 	expectOnce    sync.Once
 	expect        *podExpectations
+	labelPatches  *expectations.Store[string, patchedNode] // by node name (ownlabels.go)
 	conflicts     shared.ConflictRetry
 	saPullSecrets saPullSecretsCache
 }
 
 // expected returns the reconciler's pod expectations, created on first use.
 func (r *NMCReconciler) expected() *podExpectations {
-	r.expectOnce.Do(func() { r.expect = newPodExpectations() })
+	r.expectOnce.Do(func() {
+		r.expect, r.labelPatches = newPodExpectations(), expectations.New[string, patchedNode](expectationTTL)
+	})
 	return r.expect
 }
 
@@ -203,6 +207,7 @@ func (r *NMCReconciler) gather(ctx context.Context, name string) (*nodeFacts, er
 	if err := r.Client.Get(ctx, client.ObjectKey{Name: name}, f.node, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, err
 	}
+	r.overlayLabelPatch(f, r.Clock.Now())
 	pods := &corev1.PodList{}
 	if err := r.Client.List(ctx, pods, client.MatchingLabels{contract.LabelManagedBy: contract.ManagedBy},
 		client.MatchingFields{contract.PodNodeNameField: name}, client.UnsafeDisableDeepCopy); err != nil {
@@ -559,7 +564,13 @@ func (r *NMCReconciler) patchLabels(ctx context.Context, f *nodeFacts, patch map
 	if len(patch) == 0 {
 		return nil
 	}
-	return r.Client.Patch(ctx, f.writableNode(), client.RawPatch(types.MergePatchType, labelsPatch(patch)))
+	from := f.node.ResourceVersion
+	node := f.writableNode()
+	if err := r.Client.Patch(ctx, node, client.RawPatch(types.MergePatchType, labelsPatch(patch))); err != nil {
+		return err
+	}
+	r.rememberLabelPatch(from, node, r.Clock.Now())
+	return nil
 }
 
 // labelsPatch is a JSON merge patch of node labels (nil values remove a label).

@@ -82,19 +82,12 @@ func TestSmoke(t *testing.T) {
 	}
 }
 
-// staleNodeRepeats are the extra writes per pair of kmm's load over the floor that a cache lag
-// causes, by kind. Most likely (read from the code and the request counts, not traced): an NMC
-// reconcile woken by its own status write can still read the node
-// without the ready label it is patching at that moment: it writes the unchanged status again (the
-// resourceVersion fence before any label change) and patches the same label again. On a loaded
-// 2-core machine that happened to 1-2 of the 10 pairs in about one run of three (never with a
-// conflict: both writes succeed); the floor has no cache and never repeats. Anything beyond this
-// is a second round, not a repeat.
-var staleNodeRepeats = map[string]float64{"PUT nodemodulesconfigs/status": 0.3, "PATCH nodes": 0.3}
-
 // checkFloor checks that the floor made exactly kmm's happy-path writes of a load at x 1 (issue
 // 41), one NMC status write Loading and one Loaded per pair, that kmm's load made the same
-// writes but for staleNodeRepeats, and that the ratio was reported.
+// writes, and that the ratio was reported. kmm's load once repeated a status write and a label
+// patch for 1-2 of the 10 pairs in about one run of three: a reconcile read the node from a cache
+// that had not seen kmm's own label patch yet (TestOwnLabelPatchNotRepeatedOnALaggingNodeCache in
+// controllers makes that lag every time; the NMC controller now decides on its patch's answer).
 func checkFloor(t *testing.T, res *scale.Result, load, floor scale.Phase) {
 	t.Helper()
 	want := map[string]float64{"APPLY nodemodulesconfigs": 1, "PUT nodemodulesconfigs/status": 2, "POST pods": 1, "DELETE pods": 1, "PATCH nodes": 1}
@@ -108,9 +101,9 @@ func checkFloor(t *testing.T, res *scale.Result, load, floor scale.Phase) {
 		if k == "APPLY nodemodulesconfigs" {
 			continue
 		}
-		if got := load.WritesPerPairByKind[k]; got < v || got > v+staleNodeRepeats[k] {
-			t.Errorf("load: %s = %.2f per pair, the floor's %.0f (allowed repeats %.1f): the floor no longer mirrors kmm (%v)",
-				k, got, v, staleNodeRepeats[k], load.WritesPerPairByKind)
+		if got := load.WritesPerPairByKind[k]; got != v {
+			t.Errorf("load: %s = %.2f per pair, the floor's %.0f: the floor no longer mirrors kmm (%v)",
+				k, got, v, load.WritesPerPairByKind)
 		}
 	}
 	if f := res.Floor; f == nil || f.Ratio <= 0 || f.FloorSeconds <= 0 || f.FloorSeconds > floor.SettledSeconds {
