@@ -39,6 +39,23 @@ func (c blindToDevicePlugins) List(ctx context.Context, list client.ObjectList, 
 	return nil
 }
 
+// wrapOperatorClient sets the operator's options so that its manager's client is wrap of the one
+// it would have.
+func wrapOperatorClient(wrap func(client.Client) client.Client) func(*app.Options) {
+	return func(o *app.Options) {
+		o.Instrument = func(mo *ctrl.Options) {
+			newClient := mo.NewClient
+			if newClient == nil {
+				newClient = client.New
+			}
+			mo.NewClient = func(cfg *rest.Config, co client.Options) (client.Client, error) {
+				c, err := newClient(cfg, co)
+				return wrap(c), err
+			}
+		}
+	}
+}
+
 // TestUnloadWaitsForADevicePluginPodTheCacheHasNotSeen: whether the module's device plugin pod is
 // on the node is read from the API server before an unload, not from the cache. With a cache that
 // never shows device plugin pods, deleting the Module still drains the device plugin first: no
@@ -53,18 +70,7 @@ func TestUnloadWaitsForADevicePluginPodTheCacheHasNotSeen(t *testing.T) {
 	m := tb.Module("nic")
 	m.Spec.DevicePlugin = &kmmv1beta1.DevicePluginSpec{Container: kmmv1beta1.DevicePluginContainerSpec{Image: "reg.example.com/nic-dp:1"}}
 	cov := watchDevicePluginCoverage(t, tb, "nic")
-	cluster.StartOperatorWith(t, func(o *app.Options) {
-		o.Instrument = func(mo *ctrl.Options) {
-			newClient := mo.NewClient
-			if newClient == nil {
-				newClient = client.New
-			}
-			mo.NewClient = func(cfg *rest.Config, co client.Options) (client.Client, error) {
-				c, err := newClient(cfg, co)
-				return blindToDevicePlugins{Client: c}, err
-			}
-		}
-	})
+	cluster.StartOperatorWith(t, wrapOperatorClient(func(c client.Client) client.Client { return blindToDevicePlugins{Client: c} }))
 	tb.Create(m)
 	tb.WaitLoaded("nic", m.Spec.ModuleLoader.Container.KernelMappings[0].ContainerImage, n)
 	testbed.Eventually(t, 60*time.Second, func() (bool, string) {

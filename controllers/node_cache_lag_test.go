@@ -9,12 +9,9 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/client-go/rest"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kmmv1beta1 "github.com/kmm-project/kmm/api/v1beta1"
-	"github.com/kmm-project/kmm/cmd/manager/app"
 	"github.com/kmm-project/kmm/test/testbed"
 )
 
@@ -119,19 +116,10 @@ func TestOwnLabelPatchNotRepeatedOnALaggingNodeCache(t *testing.T) {
 	tb := cluster.NewBed(t, 1, testbed.KernelA)
 	n := tb.Nodes[0]
 	var lag *nodeCacheLag
-	cluster.StartOperatorWith(t, func(o *app.Options) {
-		o.Instrument = func(mo *ctrl.Options) {
-			newClient := mo.NewClient
-			if newClient == nil {
-				newClient = client.New
-			}
-			mo.NewClient = func(cfg *rest.Config, co client.Options) (client.Client, error) {
-				c, err := newClient(cfg, co)
-				lag = newNodeCacheLag(c, 3*time.Second)
-				return lag, err
-			}
-		}
-	})
+	cluster.StartOperatorWith(t, wrapOperatorClient(func(c client.Client) client.Client {
+		lag = newNodeCacheLag(c, 3*time.Second)
+		return lag
+	}))
 	m := tb.Module("nic")
 	tb.Create(m)
 	tb.WaitLoaded("nic", m.Spec.ModuleLoader.Container.KernelMappings[0].ContainerImage, n)
