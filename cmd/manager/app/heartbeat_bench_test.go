@@ -31,7 +31,7 @@ func heartbeatNode(at time.Time) *corev1.Node {
 				corev1.LabelInstanceTypeStable: "m6i.4xlarge", corev1.LabelTopologyRegion: "region-1", corev1.LabelTopologyZone: "region-1a",
 				"node.kubernetes.io/pool": "pool-2", "node-role.kubernetes.io/worker": ""},
 			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubelet", Operation: metav1.ManagedFieldsOperationUpdate, APIVersion: "v1",
-				Time: &now, FieldsType: "FieldsV1", FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:status":{"f:conditions":{}}}`)}, Subresource: "status"}}},
+				Time: &now, FieldsType: "FieldsV1", FieldsV1: metav1.NewFieldsV1(`{"f:status":{"f:conditions":{}}}`), Subresource: "status"}}},
 		Status: corev1.NodeStatus{
 			Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "10.0.0.43"}, {Type: corev1.NodeHostName, Address: "node-0042"}},
 			Capacity: corev1.ResourceList{corev1.ResourcePods: resource.MustParse("110"), corev1.ResourceCPU: resource.MustParse("16"),
@@ -105,7 +105,7 @@ func heartbeatStream(tb testing.TB, count int, zipped bool) []byte {
 // heartbeatDecoder reads stream as client-go's watch does for a protobuf watch of Nodes.
 func heartbeatDecoder(tb testing.TB, stream []byte, zipped bool) *restclientwatch.Decoder {
 	tb.Helper()
-	var r io.ReadCloser = io.NopCloser(bytes.NewReader(stream))
+	r := io.NopCloser(bytes.NewReader(stream))
 	if zipped {
 		zr, err := gzip.NewReader(bytes.NewReader(stream))
 		if err != nil {
