@@ -158,7 +158,7 @@ fuzz: ## Run every fuzz target for FUZZ_TIME each (or the count its entry gives)
 
 .PHONY: bench
 bench: ## Run the Go benchmarks (benchstat-friendly: BENCH_COUNT runs each).
-	go test -run '^$$' -bench . -benchmem -count $${BENCH_COUNT:-6} ./fsm/ ./worker/ ./controllers/node/ ./internal/semantic/
+	go test -run '^$$' -bench . -benchmem -count $${BENCH_COUNT:-6} ./fsm/ ./worker/ ./controllers/node/ ./internal/semantic/ ./cmd/manager/app/ ./upgrade/
 
 # Size of `make bench-scale`: simulated nodes and Modules.
 NODES ?= 1000

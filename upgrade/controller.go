@@ -3,12 +3,12 @@ package upgrade
 import (
 	"context"
 	"encoding/json"
+	"maps"
 	"sort"
 	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -68,7 +68,7 @@ func (r *LabelReconciler) SetupWithManager(mgr ctrl.Manager) error {
 
 func labelsChanged() predicate.Predicate {
 	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
-		return !equality.Semantic.DeepEqual(e.ObjectOld.GetLabels(), e.ObjectNew.GetLabels())
+		return !maps.Equal(e.ObjectOld.GetLabels(), e.ObjectNew.GetLabels())
 	}}
 }
 

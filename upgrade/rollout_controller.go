@@ -10,7 +10,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
@@ -95,7 +94,7 @@ func (r *RolloutReconciler) SetupWithManager(mgr ctrl.Manager) error {
 func nodeRolloutFactsChanged() predicate.Predicate {
 	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
 		o, n := e.ObjectOld.(*corev1.Node), e.ObjectNew.(*corev1.Node)
-		return !equality.Semantic.DeepEqual(o.Labels, n.Labels) ||
+		return !maps.Equal(o.Labels, n.Labels) ||
 			o.Spec.Unschedulable != n.Spec.Unschedulable || nodeReady(o) != nodeReady(n)
 	}}
 }

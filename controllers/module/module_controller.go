@@ -181,7 +181,7 @@ func delayedStatusUpdates() handler.Funcs {
 func nodeLabelsOrKernelChanged() predicate.Predicate {
 	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
 		o, n := e.ObjectOld.(*corev1.Node), e.ObjectNew.(*corev1.Node)
-		return !semantic.Equal(&o.Labels, &n.Labels) || o.Status.NodeInfo.KernelVersion != n.Status.NodeInfo.KernelVersion
+		return !maps.Equal(o.Labels, n.Labels) || o.Status.NodeInfo.KernelVersion != n.Status.NodeInfo.KernelVersion
 	}}
 }
 

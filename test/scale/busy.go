@@ -227,6 +227,9 @@ func (h *harness) idle(ctx context.Context, op *operator) (Phase, error) {
 		window = h.o.Busy.Idle
 	}
 	h.sayf("phase idle: watching the operator for %v", window)
+	if h.profiles("idle") {
+		h.profile(ctx, op)
+	}
 	select {
 	case <-ctx.Done():
 		return p, ctx.Err()

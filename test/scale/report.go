@@ -78,9 +78,7 @@ func (r *Result) PrintTable(w io.Writer) {
 	}
 	for _, p := range r.Phases {
 		if p.Name == "idle" && p.Seconds > 0 {
-			_, _ = fmt.Fprintf(w, "idle (no Module change): operator CPU %.2f s over %.0f s = %.1f %% of a core (target < 5 %%), %d NMC and Node writes (target 0) of %d operator writes (%s), reconciles %v, peak RSS %.0f MiB; %d unrelated pods replaced (%.1f/s)\n",
-				p.CPUSeconds, p.Seconds, p.CPUSeconds/p.Seconds*100, p.OperatorWrites-p.OperatorRequests.writes("nodemodulesconfigs", "nodes"), p.OperatorWrites,
-				p.OperatorRequests.writesOnly(), p.Reconciles, p.PeakRSSMiB, p.ChurnedPods, float64(p.ChurnedPods)/p.Seconds)
+			printIdle(w, p)
 		}
 	}
 	for _, p := range r.Phases {
@@ -185,3 +183,18 @@ func (r Requests) String() string {
 	}
 	return strings.Join(parts, ", ")
 }
+
+// printIdle prints the idle phase's line: the operator's CPU, writes, reconciles and peak RSS, and
+// its CPU per 1,000 node status posts of a busy cluster.
+func printIdle(w io.Writer, p Phase) {
+	_, _ = fmt.Fprintf(w, "idle (no Module change): operator CPU %.2f s over %.0f s = %.1f %% of a core (target < 5 %%), %d NMC and Node writes (target 0) of %d operator writes (%s), reconciles %v, peak RSS %.0f MiB; %d unrelated pods replaced (%.1f/s)\n",
+		p.CPUSeconds, p.Seconds, p.CPUSeconds/p.Seconds*100, p.OperatorWrites-p.OperatorRequests.writes("nodemodulesconfigs", "nodes"), p.OperatorWrites,
+		p.OperatorRequests.writesOnly(), p.Reconciles, p.PeakRSSMiB, p.ChurnedPods, float64(p.ChurnedPods)/p.Seconds)
+	if posts := p.HarnessRequests[nodeStatusPost]; posts > 0 {
+		_, _ = fmt.Fprintf(w, "idle: %d node status posts (%.1f/s): operator CPU %.2f s per 1,000 posts\n",
+			posts, float64(posts)/p.Seconds, p.CPUSeconds/float64(posts)*1000)
+	}
+}
+
+// nodeStatusPost is the simulated kubelet's status post of a Node (Busy), as the harness counts it.
+const nodeStatusPost = "PUT nodes/status"

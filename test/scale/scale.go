@@ -65,6 +65,9 @@ type Options struct {
 	// the first ProfileSeconds of the load phase to OutDir/cpu-<N>x<M>.pprof and
 	// OutDir/apiserver-cpu-<N>x<M>.pprof.
 	ProfileSeconds int
+	// ProfilePhase is the phase ProfileSeconds profiles: "load" (the default) or "idle" (its
+	// window's first ProfileSeconds: the operator while only the busy cluster's traffic arrives).
+	ProfilePhase string
 	// Phases are the phases to run, in order, from "load", "resync", "bump" and "floor" (empty:
 	// these four), and "idle" and "newmodule" (issue 41: after the load, the operator watched with
 	// no Module change, then one more Module loaded). The others need the load before them.
@@ -351,7 +354,7 @@ func (h *harness) phases(ctx context.Context, res *Result) error {
 
 	var plan floorPlan
 	p, err := h.measure(ctx, "load", &op, func(ctx context.Context) error {
-		if h.o.ProfileSeconds > 0 {
+		if h.profiles("load") {
 			h.profile(ctx, op)
 		}
 		for i := range h.o.Modules {
@@ -474,6 +477,15 @@ func (h *harness) runs(phase string) bool {
 
 // optInPhases run only when Options.Phases names them.
 var optInPhases = []string{"idle", "newmodule"}
+
+// profiles says whether ProfileSeconds profiles phase.
+func (h *harness) profiles(phase string) bool {
+	want := h.o.ProfilePhase
+	if want == "" {
+		want = "load"
+	}
+	return h.o.ProfileSeconds > 0 && want == phase
+}
 
 // profile saves, in the background, CPU profiles of the operator, of kube-apiserver and of the
 // harness itself (with its agent).

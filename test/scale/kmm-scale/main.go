@@ -38,12 +38,14 @@ func run() error {
 	flag.IntVar(&o.AgentWorkers, "agent-workers", 16, "Worker pods the simulated kubelet ends at once.")
 	flag.DurationVar(&o.Timeout, "timeout", 10*time.Minute, "Longest a phase may take.")
 	flag.IntVar(&o.ProfileSeconds, "profile-seconds", 0, "When positive, save CPU profiles of the operator and kube-apiserver over the first seconds of the load phase.")
+	flag.StringVar(&o.ProfilePhase, "profile-phase", "load", "The phase --profile-seconds profiles: load, or idle (the first seconds of its window).")
 	phases := flag.String("phases", "load,resync,bump,floor", "Phases to run, comma-separated; the others need load.")
 	floor := flag.String("floor-concurrency", "16,64", "The floor phase's runs: how many nodes each works on at once, comma-separated.")
 	out := flag.String("out", "bin/scale", "Directory of the JSON result, the operator logs and profiles.")
 	args := flag.String("operator-args", "", "Extra operator flags, space-separated (e.g. \"--kube-api-qps 200\").")
 	pulls := flag.String("pull-times", "", "Worker pods run for a seeded long-tailed time in MIN-MAX (e.g. 2s-30s; issue 41, item 4); empty: they end at once.")
 	seed := flag.Int64("seed", 1, "Seed of --pull-times.")
+	busyOnly := flag.Bool("busy-only", false, "With --busy: the busy cluster only, without the empty one before it (no busy/empty comparison).")
 	busy := flag.Bool("busy", false, "A cluster that is not empty (issue 41, item 3): the phases (load,idle,newmodule unless --phases says otherwise) first in an empty cluster, then in a busy one, each on a control plane of its own.")
 	var b scale.Busy
 	flag.IntVar(&b.PodsPerNode, "busy-pods", 30, "With --busy: unrelated pods per node.")
@@ -78,7 +80,7 @@ func run() error {
 		_, err := runOne(ctx, o, "")
 		return err
 	}
-	return runBusy(ctx, o, b, phasesSet)
+	return runBusy(ctx, o, b, phasesSet, *busyOnly)
 }
 
 // parseFloor reads --floor-concurrency.
@@ -95,9 +97,14 @@ func parseFloor(list string) ([]int, error) {
 }
 
 // runBusy runs the phases in an empty cluster, then in a busy one, and compares their loads.
-func runBusy(ctx context.Context, o scale.Options, b scale.Busy, phasesSet bool) error {
+func runBusy(ctx context.Context, o scale.Options, b scale.Busy, phasesSet, busyOnly bool) error {
 	if !phasesSet {
 		o.Phases = []string{"load", "idle", "newmodule"}
+	}
+	if busyOnly {
+		o.Busy = &b
+		_, err := runOne(ctx, o, "busy-")
+		return err
 	}
 	empty := o
 	e, err := runOne(ctx, empty, "empty-")
