@@ -5,6 +5,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/kmm-project/kmm/internal/expectations"
 )
 
 // maxOlderVersions bounds the versions a patchedNode remembers: the patches the controller makes
@@ -19,16 +21,23 @@ type patchedNode struct {
 	node  *corev1.Node
 }
 
+// ownLabelPatches returns the reconciler's remembered label patches by node name, created on first
+// use with the pod expectations.
+func (r *NMCReconciler) ownLabelPatches() *expectations.Store[string, patchedNode] {
+	r.expected()
+	return r.labelPatches
+}
+
 // rememberLabelPatch keeps the answer to the controller's label patch of a node until the cache
 // shows a version other than the one the patch was decided on, from, and the ones before it still
 // remembered (or for expectationTTL).
 func (r *NMCReconciler) rememberLabelPatch(from string, patched *corev1.Node, now time.Time) {
-	r.expected()
+	patches := r.ownLabelPatches()
 	older := []string{from}
-	if prev, ok := r.labelPatches.Get(patched.Name, now); ok {
+	if prev, ok := patches.Get(patched.Name, now); ok {
 		older = append(prev.older[max(0, len(prev.older)+1-maxOlderVersions):], from)
 	}
-	r.labelPatches.Expect(patched.Name, patchedNode{older: older, node: patched}, now)
+	patches.Expect(patched.Name, patchedNode{older: older, node: patched}, now)
 }
 
 // overlayLabelPatch puts the node as the controller's own last label patch left it in place of a
@@ -41,10 +50,10 @@ func (r *NMCReconciler) rememberLabelPatch(from string, patched *corev1.Node, no
 // fresher facts, never on a guess. Any version in the cache other than those the patches were
 // decided on ends the overlay: the cache has caught up with the patch or gone past it.
 func (r *NMCReconciler) overlayLabelPatch(f *nodeFacts, now time.Time) {
-	r.expected()
-	r.labelPatches.Prune(now)
-	r.labelPatches.Observed(f.node.Name, func(p patchedNode) bool { return !slices.Contains(p.older, f.node.ResourceVersion) })
-	if p, ok := r.labelPatches.Get(f.node.Name, now); ok {
+	patches := r.ownLabelPatches()
+	patches.Prune(now)
+	patches.Observed(f.node.Name, func(p patchedNode) bool { return !slices.Contains(p.older, f.node.ResourceVersion) })
+	if p, ok := patches.Get(f.node.Name, now); ok {
 		f.node = p.node // read only, as the cache's object is: a write copies it (writableNode)
 	}
 }

@@ -40,8 +40,8 @@ func TestOverlayLabelPatch(t *testing.T) {
 	if got := decidedOn(r, "3", now); got != "3" {
 		t.Fatalf("cache caught up: decided on %s", got)
 	}
-	if got := decidedOn(r, "1", now); got != "1" || r.labelPatches.Len() != 0 {
-		t.Fatalf("a cache that showed another version ends the overlay: decided on %s, %d records", got, r.labelPatches.Len())
+	if got := decidedOn(r, "1", now); got != "1" || r.ownLabelPatches().Len() != 0 {
+		t.Fatalf("a cache that showed another version ends the overlay: decided on %s, %d records", got, r.ownLabelPatches().Len())
 	}
 	r.rememberLabelPatch("5", nodeAt("6"), now)
 	if got := decidedOn(r, "5", now.Add(expectationTTL+time.Second)); got != "5" {
@@ -57,7 +57,7 @@ func TestLabelPatchRecordIsBounded(t *testing.T) {
 	for i := range 3 * maxOlderVersions {
 		r.rememberLabelPatch(string(rune('a'+i)), nodeAt(string(rune('a'+i+1))), now)
 	}
-	p, _ := r.labelPatches.Get("n", now)
+	p, _ := r.ownLabelPatches().Get("n", now)
 	if len(p.older) != maxOlderVersions {
 		t.Fatalf("%d versions remembered, want %d", len(p.older), maxOlderVersions)
 	}
